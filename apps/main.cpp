@@ -1,0 +1,3 @@
+#include <iostream>
+#include "kvattn/kvattn.h"
+int main() { std::cout << "kvattn " << kvattn::kVersion << "\n"; }

@@ -1,0 +1,116 @@
+// Batch attention over the KV-cache formats, with FlashInfer's plan/run split: plan() reads the
+// host-side index arrays once; run() computes, allocation-free on the GPU and graph-capturable.
+// Every run() dispatches on the tensors' device; the CPU backend runs anywhere.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "kvattn/dtype.h"
+#include "kvattn/formats.h"
+#include "kvattn/tensor.h"
+#include "kvattn/variant.h"
+
+namespace kvattn {
+
+// What every attention plan shares: heads, head dims, dtypes, the variant.
+struct AttentionShape {
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim_qk = 0;
+  int head_dim_vo = 0;  // 0: same as head_dim_qk
+  DType q_dtype = DType::bf16;
+  std::optional<DType> kv_dtype;  // default: q_dtype
+  std::optional<DType> o_dtype;   // default: q_dtype
+  Variant variant{};
+};
+
+namespace detail {
+struct AttentionPlan;  // src/core/attention_plan.h
+}
+
+// Decode: one query token per request (q [B, Hq, Dqk], out [B, Hq, Dvo], lse [B, Hq] f32)
+// over the paged cache.
+struct BatchDecodePlan : AttentionShape {
+  PageTable page_table;
+  int page_size = 0;
+};
+
+class BatchDecode {
+ public:
+  // The workspace is a byte buffer on the device that runs the kernels; the CPU backend needs none.
+  explicit BatchDecode(TensorView workspace = {}, KVLayout kv_layout = KVLayout::NHD);
+  ~BatchDecode();
+  BatchDecode(BatchDecode&&) noexcept;
+  BatchDecode& operator=(BatchDecode&&) noexcept;
+
+  void plan(const BatchDecodePlan& params);
+  // lse is optional ([B, Hq] f32, base 2). stream: a cudaStream_t for CUDA tensors, else ignored.
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+           const TensorView& lse = {}, void* stream = nullptr) const;
+
+ private:
+  TensorView workspace_;
+  KVLayout kv_layout_;
+  std::unique_ptr<detail::AttentionPlan> plan_;
+};
+
+// Prefill and append: q [nnz_q, Hq, Dqk] ragged by qo_indptr, KV either ragged (k [nnz_kv, Hkv,
+// Dqk], v [nnz_kv, Hkv, Dvo] by kv_indptr) or paged. qo_len <= kv_len per request; the causal
+// mask is aligned bottom-right (query i sits at position kv_len - qo_len + i).
+struct BatchPrefillPlan : AttentionShape {
+  TensorView qo_indptr;                 // [B+1] int32, host
+  TensorView kv_indptr;                 // ragged KV: [B+1] int32, host
+  std::optional<PageTable> page_table;  // paged KV instead of kv_indptr
+  int page_size = 0;                    // paged KV only
+  // Variant::custom_mask: bits of request b start at byte mask_indptr[b] (little-endian bits,
+  // bit i * kv_len + j). u8 [bytes] and int32 [B+1], host.
+  TensorView custom_mask;
+  TensorView mask_indptr;
+};
+
+class BatchPrefill {
+ public:
+  explicit BatchPrefill(TensorView workspace = {}, KVLayout kv_layout = KVLayout::NHD);
+  ~BatchPrefill();
+  BatchPrefill(BatchPrefill&&) noexcept;
+  BatchPrefill& operator=(BatchPrefill&&) noexcept;
+
+  void plan(const BatchPrefillPlan& params);
+  // Paged KV (the plan must have a page table).
+  void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+           const TensorView& lse = {}, void* stream = nullptr) const;
+  // Ragged KV (the plan must have kv_indptr).
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse = {}, void* stream = nullptr) const;
+
+ private:
+  TensorView workspace_;
+  KVLayout kv_layout_;
+  std::unique_ptr<detail::AttentionPlan> plan_;
+};
+
+// Block-sparse attention: q [M, Hq, Dqk], k [N, Hkv, Dqk], v [N, Hkv, Dvo]; query row i sees key j
+// iff block (i / R, j / C) is present. Positions for masks, ALiBi and RoPE: key j is at j, query i
+// at i + N - M (bottom-right alignment, as for a single request of qo_len M and kv_len N).
+struct BlockSparsePlan : AttentionShape {
+  BSRMatrix bsr;
+};
+
+class BlockSparseAttention {
+ public:
+  explicit BlockSparseAttention(TensorView workspace = {});
+  ~BlockSparseAttention();
+  BlockSparseAttention(BlockSparseAttention&&) noexcept;
+  BlockSparseAttention& operator=(BlockSparseAttention&&) noexcept;
+
+  void plan(const BlockSparsePlan& params);
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const TensorView& lse = {}, void* stream = nullptr) const;
+
+ private:
+  TensorView workspace_;
+  std::unique_ptr<detail::AttentionPlan> plan_;
+};
+
+}  // namespace kvattn

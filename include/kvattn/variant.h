@@ -1,0 +1,76 @@
+// Host-side description of an attention variant: which built-in masks and logit transforms are on,
+// and their parameters. The device/CPU code that implements them is the functor in
+// src/kernels/variants/builtin.cuh; this struct only selects and parameterises it.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace kvattn {
+
+// Llama 3.1 frequency scaling of RoPE (SEMANTICS.md, "Rotary position embedding").
+struct Llama31Scaling {
+  float factor = 8.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  float original_max_position = 8192.0f;
+};
+
+struct RopeConfig {
+  float rope_scale = 1.0f;
+  float rope_theta = 1.0e4f;
+  bool interleave = false;                // pair (x[2t], x[2t+1]) instead of rotate-half
+  std::optional<Llama31Scaling> llama31;  // off: plain llama frequencies
+};
+
+struct Variant {
+  bool causal = false;          // j <= p(i), aligned bottom-right
+  int window_left = -1;         // sliding window: j >= p(i) - window_left; -1 off
+  float logits_soft_cap = 0.0f; // s <- cap * tanh(s / cap); 0 off
+  bool alibi = false;           // s <- s + m_h * (j - p(i)), standard slopes for num_qo_heads
+  bool custom_mask = false;     // packed bit mask given to plan()
+  bool sigmoid = false;         // no softmax: o = sum sigmoid(s + sigmoid_bias) v; no lse
+  float sigmoid_bias = 0.0f;
+  std::optional<RopeConfig> rope;  // fused RoPE on q (pos p(i)) and k (pos j)
+  std::optional<float> sm_scale;   // default 1 / sqrt(head_dim_qk)
+  float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;  // fp8 dequantisation scales
+
+  // Fluent composition: variants::causal().with_soft_cap(30).with_window(4096)
+  Variant with_causal(bool on = true) const { Variant v = *this; v.causal = on; return v; }
+  Variant with_window(int w) const { Variant v = *this; v.window_left = w; return v; }
+  Variant with_soft_cap(float c) const { Variant v = *this; v.logits_soft_cap = c; return v; }
+  Variant with_alibi(bool on = true) const { Variant v = *this; v.alibi = on; return v; }
+  Variant with_custom_mask(bool on = true) const { Variant v = *this; v.custom_mask = on; return v; }
+  Variant with_rope(RopeConfig r = {}) const { Variant v = *this; v.rope = r; return v; }
+  Variant with_sm_scale(float s) const { Variant v = *this; v.sm_scale = s; return v; }
+  Variant with_scales(float q, float k, float vs) const {
+    Variant v = *this; v.q_scale = q; v.k_scale = k; v.v_scale = vs; return v;
+  }
+  Variant with_sigmoid(float bias = 0.0f) const {
+    Variant v = *this; v.sigmoid = true; v.sigmoid_bias = bias; return v;
+  }
+
+  // "causal+window(4096)+soft_cap(30)"; "plain" when nothing is on.
+  std::string describe() const;
+  // Throws kvattn::Error naming the bad field (negative window other than -1, cap < 0, ...).
+  void validate() const;
+};
+
+namespace variants {
+inline Variant plain() { return {}; }
+inline Variant causal() { return Variant{}.with_causal(); }
+inline Variant sliding_window(int window_left, bool causal = true) {
+  return Variant{}.with_causal(causal).with_window(window_left);
+}
+inline Variant soft_cap(float cap) { return Variant{}.with_soft_cap(cap); }
+inline Variant alibi() { return Variant{}.with_alibi(); }
+inline Variant custom_mask() { return Variant{}.with_custom_mask(); }
+inline Variant sigmoid(float bias = 0.0f) { return Variant{}.with_sigmoid(bias); }
+inline Variant rope(RopeConfig r = {}) { return Variant{}.with_rope(r); }
+}  // namespace variants
+
+// ALiBi slope of head h among num_heads (SEMANTICS.md): 2^(-8 (h+1) / n) for the first n (largest
+// power of two <= num_heads) heads, then 2^(-4 (2k+1) / n) for k = 0, 1, ...
+float alibi_slope(int head, int num_heads);
+
+}  // namespace kvattn

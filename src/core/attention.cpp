@@ -1,0 +1,378 @@
+// plan() and run() of the batch attention wrappers: validation, then lowering to the backend.
+#include "kvattn/attention.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/attention_plan.h"
+#include "core/validate.h"
+#include "cpu/attention_engine.h"
+
+namespace kvattn {
+
+using detail::AttentionPlan;
+using detail::KVKind;
+
+namespace {
+
+// Copies a validated custom mask and checks each request's bytes are there.
+void plan_custom_mask(AttentionPlan& plan, const TensorView& mask, const TensorView& mask_indptr) {
+  if (!plan.shape.variant.custom_mask) {
+    KVATTN_CHECK(!mask.defined(), "custom_mask was given but the variant has custom_mask off");
+    return;
+  }
+  KVATTN_CHECK(mask.defined(), "the variant has custom_mask on but no custom_mask was given");
+  auto ind = validate::indptr("mask_indptr", mask_indptr, plan.batch_size() + 1);
+  validate::ndim("custom_mask", mask, 1);
+  validate::dtype("custom_mask", mask, DType::u8);
+  validate::host("custom_mask", mask);
+  KVATTN_CHECK(mask.size(0) <= 1 || mask.stride(0) == 1, "custom_mask must be contiguous");
+  KVATTN_CHECK(mask.size(0) >= ind.back(), "mask_indptr[", ind.size() - 1, "] = ", ind.back(),
+               " exceeds the length of custom_mask (", mask.size(0), ")");
+  for (int64_t b = 0; b < plan.batch_size(); ++b) {
+    int64_t bits = int64_t(plan.qo_indptr[b + 1] - plan.qo_indptr[b]) * plan.kv_len[size_t(b)];
+    int64_t have = ind[b + 1] - ind[b];
+    KVATTN_CHECK(have >= (bits + 7) / 8, "custom_mask of request ", b, " has ", have,
+                 " bytes (mask_indptr) but qo_len * kv_len = ", bits, " bits need ",
+                 (bits + 7) / 8);
+  }
+  auto p = mask.data_as<const uint8_t>();
+  plan.custom_mask.assign(p, p + mask.size(0));
+  plan.mask_indptr.assign(ind.begin(), ind.end());
+  plan.variant.custom_mask = plan.custom_mask.data();
+  plan.variant.mask_indptr = plan.mask_indptr.data();
+}
+
+void plan_page_table(AttentionPlan& plan, const PageTable& table, int page_size) {
+  auto info = validate::page_table(table, page_size);
+  plan.page_size = page_size;
+  plan.kv_indptr.assign(info.indptr.begin(), info.indptr.end());
+  plan.kv_indices.assign(info.indices.begin(), info.indices.begin() + info.indptr.back());
+  plan.last_page_len.assign(info.last_page_len.begin(), info.last_page_len.end());
+  plan.kv_len.resize(size_t(info.batch_size));
+  for (int64_t b = 0; b < info.batch_size; ++b)
+    plan.kv_len[size_t(b)] = validate::paged_kv_len(info, page_size, b);
+  plan.max_page_index = -1;
+  for (int32_t i : plan.kv_indices) {
+    KVATTN_CHECK(i >= 0, "kv_indices[", &i - plan.kv_indices.data(), "] = ", i,
+                 " is out of range [0, num_pages)");
+    plan.max_page_index = std::max<int64_t>(plan.max_page_index, i);
+  }
+}
+
+// ---- run-time checks --------------------------------------------------------------------------
+void check_plan(const std::unique_ptr<AttentionPlan>& plan, const char* who) {
+  KVATTN_CHECK(plan != nullptr, who, ".run() was called before plan()");
+}
+
+void check_backend(const TensorView& q) {
+  KVATTN_CHECK(q.device().is_cpu(), "q is on ", q.device().str(),
+               " but this build of kvattn has no CUDA backend; pass host (cpu) tensors");
+}
+
+void check_rows_tensor(const char* name, const TensorView& t, DType dtype, const char* planned,
+                       int64_t rows, const char* rows_what, int heads, const char* heads_what,
+                       int dim, const char* dim_what, Device dev) {
+  validate::ndim(name, t, 3);
+  KVATTN_CHECK(t.dtype() == dtype, name, " has dtype ", dtype_name(t.dtype()), " but the plan was made for ",
+               planned, " = ", dtype_name(dtype));
+  validate::dim(name, t, 0, rows, rows_what);
+  validate::dim(name, t, 1, heads, heads_what);
+  validate::dim(name, t, 2, dim, dim_what);
+  validate::last_dim_contiguous(name, t);
+  validate::same_device(name, t, dev, "q");
+  KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
+}
+
+// Checks q, out and lse against the plan and fills the query/output part of the problem.
+cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
+                                 const TensorView& out, const TensorView& lse) {
+  const auto& s = plan.shape;
+  int64_t rows = plan.total_q_rows();
+  const char* rows_what = plan.is_decode ? "batch_size" : "qo_indptr[-1]";
+  check_rows_tensor("q", q, s.q_dtype, "q_dtype", rows, rows_what, s.num_qo_heads,
+                    "num_qo_heads", s.head_dim_qk, "head_dim_qk", q.device());
+  check_rows_tensor("out", out, s.o_dtype, "o_dtype", rows, rows_what, s.num_qo_heads,
+                    "num_qo_heads", s.head_dim_vo, "head_dim_vo", q.device());
+  if (lse.defined()) {
+    KVATTN_CHECK(!s.variant.sigmoid, "lse was requested but sigmoid attention has no lse");
+    validate::ndim("lse", lse, 2);
+    validate::dtype("lse", lse, DType::f32);
+    validate::dim("lse", lse, 0, rows, rows_what);
+    validate::dim("lse", lse, 1, s.num_qo_heads, "num_qo_heads");
+    validate::same_device("lse", lse, q.device(), "q");
+  }
+  check_backend(q);
+  cpu::EngineProblem p;
+  p.num_qo_heads = s.num_qo_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim_qk = s.head_dim_qk;
+  p.head_dim_vo = s.head_dim_vo;
+  p.q = static_cast<const char*>(q.data());
+  p.q_dtype = q.dtype();
+  p.q_row_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.out = static_cast<char*>(out.data());
+  p.o_dtype = out.dtype();
+  p.o_row_stride = out.stride(0);
+  p.o_head_stride = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_row_stride = lse.stride(0);
+    p.lse_head_stride = lse.stride(1);
+  }
+  p.kv_dtype = s.kv_dtype;
+  p.variant = plan.variant;
+  return p;
+}
+
+void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayout layout,
+                       Device dev) {
+  KVATTN_CHECK(plan.kind == KVKind::paged,
+               "run() was given a paged KV cache but the plan was made for ragged k and v");
+  const auto& s = plan.shape;
+  validate::ndim("paged k", kv.k, 4);
+  validate::ndim("paged v", kv.v, 4);
+  KVATTN_CHECK(kv.layout == layout, "the paged KV cache has layout ", kv_layout_name(kv.layout),
+               " but the wrapper was created for ", kv_layout_name(layout));
+  for (const auto& [name, t] : {std::pair{"paged k", kv.k}, std::pair{"paged v", kv.v}}) {
+    KVATTN_CHECK(t.dtype() == s.kv_dtype, name, " has dtype ", dtype_name(t.dtype()),
+                 " but the plan was made for kv_dtype = ", dtype_name(s.kv_dtype));
+    validate::last_dim_contiguous(name, t);
+    validate::same_device(name, t, dev, "q");
+    KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
+  }
+  int tok_dim = layout == KVLayout::NHD ? 1 : 2, head_dim = layout == KVLayout::NHD ? 2 : 1;
+  validate::dim("paged k", kv.k, tok_dim, plan.page_size, "page_size");
+  validate::dim("paged v", kv.v, tok_dim, plan.page_size, "page_size");
+  validate::dim("paged k", kv.k, head_dim, s.num_kv_heads, "num_kv_heads");
+  validate::dim("paged v", kv.v, head_dim, s.num_kv_heads, "num_kv_heads");
+  validate::dim("paged k", kv.k, 3, s.head_dim_qk, "head_dim_qk");
+  validate::dim("paged v", kv.v, 3, s.head_dim_vo, "head_dim_vo");
+  validate::dim("paged v", kv.v, 0, kv.k.size(0), "paged k.shape[0] (num_pages)");
+  if (plan.max_page_index >= kv.num_pages()) {
+    auto it = std::find_if(plan.kv_indices.begin(), plan.kv_indices.end(),
+                           [&](int32_t i) { return i >= kv.num_pages(); });
+    detail::throw_error("kv_indices[", it - plan.kv_indices.begin(), "] = ", *it,
+                        " is out of range [0, ", kv.num_pages(), ")");
+  }
+}
+
+void add_paged_segments(const AttentionPlan& plan, const PagedKVCache& kv, cpu::EngineProblem& p) {
+  p.k_token_stride = kv.k_token_stride();
+  p.k_head_stride = kv.k_head_stride();
+  p.v_token_stride = kv.v_token_stride();
+  p.v_head_stride = kv.v_head_stride();
+  const int64_t esz = int64_t(dtype_size(kv.k.dtype()));
+  for (int64_t b = 0; b < plan.batch_size(); ++b) {
+    cpu::EngineRequest r;
+    r.q_row0 = plan.qo_indptr[b];
+    r.qo_len = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
+    r.kv_len = plan.kv_len[size_t(b)];
+    r.q_pos0 = r.kv_len - r.qo_len;
+    r.seg_begin = int64_t(p.segments.size());
+    int64_t n_pages = plan.kv_indptr[b + 1] - plan.kv_indptr[b];
+    for (int64_t j = 0; j < n_pages; ++j) {
+      int64_t page = plan.kv_indices[size_t(plan.kv_indptr[b] + j)];
+      int32_t n = j + 1 == n_pages ? plan.last_page_len[b] : plan.page_size;
+      p.segments.push_back({static_cast<const char*>(kv.k.data()) + page * kv.k.stride(0) * esz,
+                            static_cast<const char*>(kv.v.data()) + page * kv.v.stride(0) * esz, n,
+                            j * plan.page_size, j * plan.page_size});
+    }
+    r.seg_end = int64_t(p.segments.size());
+    p.requests.push_back(r);
+  }
+}
+
+void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, int64_t batch) {
+  auto ind = validate::indptr("qo_indptr", qo_indptr, batch + 1);
+  plan.qo_indptr.assign(ind.begin(), ind.end());
+}
+
+}  // namespace
+
+// ---- BatchDecode --------------------------------------------------------------------------------
+BatchDecode::BatchDecode(TensorView workspace, KVLayout kv_layout)
+    : workspace_(workspace), kv_layout_(kv_layout) {}
+BatchDecode::~BatchDecode() = default;
+BatchDecode::BatchDecode(BatchDecode&&) noexcept = default;
+BatchDecode& BatchDecode::operator=(BatchDecode&&) noexcept = default;
+
+void BatchDecode::plan(const BatchDecodePlan& params) {
+  auto plan = std::make_unique<AttentionPlan>();
+  plan->kind = KVKind::paged;
+  plan->is_decode = true;
+  plan->shape = detail::resolve_shape(params);
+  KVATTN_CHECK(!params.variant.custom_mask,
+               "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
+  plan->variant = detail::make_variant_params(plan->shape);
+  plan_page_table(*plan, params.page_table, params.page_size);
+  plan->qo_indptr.resize(plan->kv_len.size() + 1);
+  std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
+  plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
+}
+
+void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                      const TensorView& lse, void* stream) const {
+  check_plan(plan_, "BatchDecode");
+  cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
+  check_paged_cache(*plan_, kv, kv_layout_, q.device());
+  add_paged_segments(*plan_, kv, p);
+  cpu::run_unsplit(p);
+}
+
+// ---- BatchPrefill -------------------------------------------------------------------------------
+BatchPrefill::BatchPrefill(TensorView workspace, KVLayout kv_layout)
+    : workspace_(workspace), kv_layout_(kv_layout) {}
+BatchPrefill::~BatchPrefill() = default;
+BatchPrefill::BatchPrefill(BatchPrefill&&) noexcept = default;
+BatchPrefill& BatchPrefill::operator=(BatchPrefill&&) noexcept = default;
+
+void BatchPrefill::plan(const BatchPrefillPlan& params) {
+  auto plan = std::make_unique<AttentionPlan>();
+  plan->shape = detail::resolve_shape(params);
+  plan->variant = detail::make_variant_params(plan->shape);
+  if (params.page_table) {
+    KVATTN_CHECK(!params.kv_indptr.defined(),
+                 "give either kv_indptr (ragged KV) or page_table (paged KV), not both");
+    plan->kind = KVKind::paged;
+    plan_page_table(*plan, *params.page_table, params.page_size);
+  } else {
+    KVATTN_CHECK(params.kv_indptr.defined(),
+                 "BatchPrefill needs kv_indptr (ragged KV) or page_table (paged KV)");
+    plan->kind = KVKind::ragged;
+    auto ind = validate::indptr("kv_indptr", params.kv_indptr);
+    plan->kv_indptr.assign(ind.begin(), ind.end());
+    for (size_t b = 0; b + 1 < ind.size(); ++b) plan->kv_len.push_back(ind[b + 1] - ind[b]);
+  }
+  plan_qo_indptr(*plan, params.qo_indptr, int64_t(plan->kv_len.size()));
+  plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
+  plan_ = std::move(plan);
+}
+
+void BatchPrefill::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
+                       const TensorView& lse, void* stream) const {
+  check_plan(plan_, "BatchPrefill");
+  cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
+  check_paged_cache(*plan_, kv, kv_layout_, q.device());
+  add_paged_segments(*plan_, kv, p);
+  cpu::run_unsplit(p);
+}
+
+void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView& lse, void* stream) const {
+  check_plan(plan_, "BatchPrefill");
+  const AttentionPlan& plan = *plan_;
+  KVATTN_CHECK(plan.kind == KVKind::ragged,
+               "run() was given ragged k and v but the plan was made for a paged KV cache");
+  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
+  const auto& s = plan.shape;
+  int64_t nnz = plan.kv_indptr.back();
+  check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
+                    "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
+  check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
+                    "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+  p.k_token_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v_token_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  const int64_t esz = int64_t(dtype_size(k.dtype()));
+  for (int64_t b = 0; b < plan.batch_size(); ++b) {
+    cpu::EngineRequest r;
+    r.q_row0 = plan.qo_indptr[b];
+    r.qo_len = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
+    r.kv_len = plan.kv_len[size_t(b)];
+    r.q_pos0 = r.kv_len - r.qo_len;
+    r.seg_begin = int64_t(p.segments.size());
+    if (r.kv_len > 0)
+      p.segments.push_back(
+          {static_cast<const char*>(k.data()) + plan.kv_indptr[b] * k.stride(0) * esz,
+           static_cast<const char*>(v.data()) + plan.kv_indptr[b] * v.stride(0) * esz,
+           int32_t(r.kv_len), 0, 0});
+    r.seg_end = int64_t(p.segments.size());
+    p.requests.push_back(r);
+  }
+  cpu::run_unsplit(p);
+}
+
+// ---- BlockSparseAttention -----------------------------------------------------------------------
+BlockSparseAttention::BlockSparseAttention(TensorView workspace) : workspace_(workspace) {}
+BlockSparseAttention::~BlockSparseAttention() = default;
+BlockSparseAttention::BlockSparseAttention(BlockSparseAttention&&) noexcept = default;
+BlockSparseAttention& BlockSparseAttention::operator=(BlockSparseAttention&&) noexcept = default;
+
+void BlockSparseAttention::plan(const BlockSparsePlan& params) {
+  auto plan = std::make_unique<AttentionPlan>();
+  plan->kind = KVKind::block_sparse;
+  plan->shape = detail::resolve_shape(params);
+  KVATTN_CHECK(!params.variant.custom_mask,
+               "custom_mask is not supported by BlockSparseAttention; the BSR is the mask");
+  plan->variant = detail::make_variant_params(plan->shape);
+  const BSRMatrix& m = params.bsr;
+  KVATTN_CHECK(m.R >= 1 && m.C >= 1, "bsr block size R x C = ", m.R, " x ", m.C,
+               " must be at least 1 x 1");
+  KVATTN_CHECK(m.M >= 0 && m.M % m.R == 0, "bsr M = ", m.M, " is not a multiple of R = ", m.R);
+  KVATTN_CHECK(m.N >= 0 && m.N % m.C == 0, "bsr N = ", m.N, " is not a multiple of C = ", m.C);
+  int64_t row_blocks = m.M / m.R, col_blocks = m.N / m.C;
+  auto ind = validate::indptr("bsr indptr", m.indptr, row_blocks + 1);
+  auto idx = validate::int32_array("bsr indices", m.indices);
+  KVATTN_CHECK(int64_t(idx.size()) >= ind.back(), "bsr indptr[", row_blocks, "] = ", ind.back(),
+               " exceeds the length of bsr indices (", idx.size(), ")");
+  validate::indices_in_range("bsr indices", idx.first(size_t(ind.back())), col_blocks);
+  std::vector<char> seen(size_t(col_blocks), 0);
+  for (int64_t br = 0; br < row_blocks; ++br) {
+    for (int32_t j = ind[br]; j < ind[br + 1]; ++j) {
+      KVATTN_CHECK(!seen[size_t(idx[j])], "bsr indices[", j, "] = ", idx[j],
+                   " repeats a column block already listed for block row ", br);
+      seen[size_t(idx[j])] = 1;
+    }
+    for (int32_t j = ind[br]; j < ind[br + 1]; ++j) seen[size_t(idx[j])] = 0;
+  }
+  plan->bsr_M = m.M;
+  plan->bsr_N = m.N;
+  plan->bsr_R = m.R;
+  plan->bsr_C = m.C;
+  plan->kv_indptr.assign(ind.begin(), ind.end());
+  plan->kv_indices.assign(idx.begin(), idx.begin() + ind.back());
+  plan->qo_indptr.resize(size_t(row_blocks + 1));
+  for (int64_t br = 0; br <= row_blocks; ++br) plan->qo_indptr[size_t(br)] = int32_t(br * m.R);
+  for (int64_t br = 0; br < row_blocks; ++br)
+    plan->kv_len.push_back(int64_t(ind[br + 1] - ind[br]) * m.C);
+  plan_ = std::move(plan);
+}
+
+void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const TensorView& lse, void* stream) const {
+  check_plan(plan_, "BlockSparseAttention");
+  const AttentionPlan& plan = *plan_;
+  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
+  const auto& s = plan.shape;
+  check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
+                    "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
+  check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
+                    "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+  p.k_token_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v_token_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  const int64_t esz = int64_t(dtype_size(k.dtype()));
+  for (int64_t br = 0; br < plan.batch_size(); ++br) {
+    cpu::EngineRequest r;
+    r.q_row0 = br * plan.bsr_R;
+    r.qo_len = plan.bsr_R;
+    r.kv_len = plan.kv_len[size_t(br)];
+    r.q_pos0 = r.q_row0 + plan.bsr_N - plan.bsr_M;
+    r.seg_begin = int64_t(p.segments.size());
+    for (int32_t j = plan.kv_indptr[br]; j < plan.kv_indptr[br + 1]; ++j) {
+      int64_t col0 = int64_t(plan.kv_indices[size_t(j)]) * plan.bsr_C;
+      p.segments.push_back({static_cast<const char*>(k.data()) + col0 * k.stride(0) * esz,
+                            static_cast<const char*>(v.data()) + col0 * v.stride(0) * esz,
+                            int32_t(plan.bsr_C), (j - plan.kv_indptr[br]) * plan.bsr_C, col0});
+    }
+    r.seg_end = int64_t(p.segments.size());
+    p.requests.push_back(r);
+  }
+  cpu::run_unsplit(p);
+}
+
+}  // namespace kvattn

@@ -1,0 +1,103 @@
+#include "core/validate.h"
+
+#include <cstring>
+
+namespace kvattn::validate {
+
+void defined(std::string_view name, const TensorView& t) {
+  KVATTN_CHECK(t.defined(), name, " is required but was not given");
+}
+
+void ndim(std::string_view name, const TensorView& t, int expected) {
+  defined(name, t);
+  KVATTN_CHECK(t.ndim() == expected, name, " must be ", expected, "-D, got ", t.describe());
+}
+
+void dtype(std::string_view name, const TensorView& t, DType expected) {
+  KVATTN_CHECK(t.dtype() == expected, name, " has dtype ", dtype_name(t.dtype()), " but ",
+               dtype_name(expected), " is expected");
+}
+
+void float_dtype(std::string_view name, const TensorView& t) {
+  KVATTN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16,
+               name, " has dtype ", dtype_name(t.dtype()), "; expected f32, f16 or bf16");
+}
+
+void dim(std::string_view name, const TensorView& t, int d, int64_t expected,
+         std::string_view what) {
+  KVATTN_CHECK(t.size(d) == expected, name, ".shape[", d, "] = ", t.size(d), " but ", what, " = ",
+               expected);
+}
+
+void last_dim_contiguous(std::string_view name, const TensorView& t) {
+  KVATTN_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
+               " must be contiguous in its last (head) dimension, got ", t.describe());
+}
+
+void same_device(std::string_view name, const TensorView& t, Device expected,
+                 std::string_view expected_from) {
+  KVATTN_CHECK(t.device() == expected, name, " is on ", t.device().str(), " but ", expected_from,
+               " is on ", expected.str());
+}
+
+void host(std::string_view name, const TensorView& t) {
+  KVATTN_CHECK(t.device().is_cpu(), name, " must be on the host (cpu), got ", t.device().str());
+}
+
+std::span<const int32_t> int32_array(std::string_view name, const TensorView& t,
+                                     int64_t expected_len) {
+  ndim(name, t, 1);
+  dtype(name, t, DType::i32);
+  host(name, t);
+  KVATTN_CHECK(t.size(0) <= 1 || t.stride(0) == 1, name, " must be contiguous, got ", t.describe());
+  if (expected_len >= 0)
+    KVATTN_CHECK(t.size(0) == expected_len, name, " has ", t.size(0), " elements but ",
+                 expected_len, " are expected");
+  KVATTN_CHECK(t.size(0) == 0 || t.data() != nullptr, name, " has a null data pointer");
+  return {t.data_as<const int32_t>(), size_t(t.size(0))};
+}
+
+std::span<const int32_t> indptr(std::string_view name, const TensorView& t, int64_t expected_len) {
+  auto v = int32_array(name, t, expected_len);
+  KVATTN_CHECK(!v.empty(), name, " must have at least one element (batch_size + 1)");
+  KVATTN_CHECK(v[0] == 0, name, "[0] = ", v[0], " but an indptr starts at 0");
+  for (size_t i = 1; i < v.size(); ++i)
+    KVATTN_CHECK(v[i] >= v[i - 1], name, " is not non-decreasing at ", i, ": ", name, "[", i - 1,
+                 "] = ", v[i - 1], ", ", name, "[", i, "] = ", v[i]);
+  return v;
+}
+
+void indices_in_range(std::string_view name, std::span<const int32_t> values, int64_t bound) {
+  for (size_t i = 0; i < values.size(); ++i)
+    KVATTN_CHECK(values[i] >= 0 && values[i] < bound, name, "[", i, "] = ", values[i],
+                 " is out of range [0, ", bound, ")");
+}
+
+PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages) {
+  KVATTN_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");
+  PageTableInfo info;
+  info.indptr = indptr("kv_indptr", t.indptr);
+  info.batch_size = int64_t(info.indptr.size()) - 1;
+  info.indices = int32_array("kv_indices", t.indices);
+  info.last_page_len = int32_array("kv_last_page_len", t.last_page_len, info.batch_size);
+  KVATTN_CHECK(int64_t(info.indices.size()) >= info.indptr.back(), "kv_indptr[",
+               info.batch_size, "] = ", info.indptr.back(), " exceeds the length of kv_indices (",
+               info.indices.size(), ")");
+  for (int64_t b = 0; b < info.batch_size; ++b) {
+    int32_t last = info.last_page_len[b];
+    bool has_pages = info.indptr[b + 1] > info.indptr[b];
+    KVATTN_CHECK(last >= (has_pages ? 1 : 0) && last <= page_size, "kv_last_page_len[", b,
+                 "] = ", last, " is out of range [", has_pages ? 1 : 0, ", ", page_size, "]",
+                 has_pages ? "" : " (request has no pages)");
+  }
+  if (num_pages >= 0)
+    indices_in_range("kv_indices", info.indices.first(size_t(info.indptr.back())), num_pages);
+  return info;
+}
+
+int64_t paged_kv_len(const PageTableInfo& info, int page_size, int64_t b) {
+  int64_t pages = info.indptr[b + 1] - info.indptr[b];
+  return pages == 0 ? 0 : int64_t(page_size) * (pages - 1) + info.last_page_len[b];
+}
+
+}  // namespace kvattn::validate

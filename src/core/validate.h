@@ -1,0 +1,48 @@
+// Argument checks shared by every operation. Each throws kvattn::Error naming the argument and the
+// value; none reads memory outside the views it is given.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "kvattn/error.h"
+#include "kvattn/formats.h"
+#include "kvattn/tensor.h"
+
+namespace kvattn::validate {
+
+void defined(std::string_view name, const TensorView& t);
+void ndim(std::string_view name, const TensorView& t, int expected);
+void dtype(std::string_view name, const TensorView& t, DType expected);
+void float_dtype(std::string_view name, const TensorView& t);  // f32, f16 or bf16
+void dim(std::string_view name, const TensorView& t, int d, int64_t expected,
+         std::string_view what);  // "q.shape[1] = 7 but num_qo_heads = 8"
+void last_dim_contiguous(std::string_view name, const TensorView& t);
+void same_device(std::string_view name, const TensorView& t, Device expected,
+                 std::string_view expected_from);
+void host(std::string_view name, const TensorView& t);
+
+// A 1-D int32 host array, optionally of an exact length; returns its elements (the view must be
+// contiguous).
+std::span<const int32_t> int32_array(std::string_view name, const TensorView& t,
+                                     int64_t expected_len = -1);
+
+// indptr[0] == 0, non-decreasing; returns its span. `size_hint` names the expected length.
+std::span<const int32_t> indptr(std::string_view name, const TensorView& t,
+                                int64_t expected_len = -1);
+
+// Every value in [0, bound).
+void indices_in_range(std::string_view name, std::span<const int32_t> values, int64_t bound);
+
+// Request lengths of a page table: page_size * (pages - 1) + last_page_len (0 with no pages).
+// Checks indptr, last_page_len in [1, page_size] for requests with pages and [0, page_size]
+// without, and (when num_pages >= 0) every index in [0, num_pages).
+struct PageTableInfo {
+  std::span<const int32_t> indptr, indices, last_page_len;
+  int64_t batch_size = 0;
+};
+PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages = -1);
+int64_t paged_kv_len(const PageTableInfo& info, int page_size, int64_t request);
+
+}  // namespace kvattn::validate

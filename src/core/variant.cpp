@@ -1,0 +1,63 @@
+#include "kvattn/variant.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "kvattn/error.h"
+
+namespace kvattn {
+
+std::string Variant::describe() const {
+  std::ostringstream os;
+  auto sep = [&, first = true]() mutable -> std::ostream& {
+    if (!first) os << "+";
+    first = false;
+    return os;
+  };
+  if (causal) sep() << "causal";
+  if (window_left >= 0) sep() << "window(" << window_left << ")";
+  if (logits_soft_cap > 0) sep() << "soft_cap(" << logits_soft_cap << ")";
+  if (alibi) sep() << "alibi";
+  if (custom_mask) sep() << "custom_mask";
+  if (rope) sep() << (rope->llama31 ? "rope_llama31" : "rope") << "(theta=" << rope->rope_theta
+                  << ", scale=" << rope->rope_scale << ")";
+  if (sigmoid) sep() << "sigmoid(bias=" << sigmoid_bias << ")";
+  if (sm_scale) sep() << "sm_scale(" << *sm_scale << ")";
+  if (q_scale != 1 || k_scale != 1 || v_scale != 1)
+    sep() << "scales(q=" << q_scale << ", k=" << k_scale << ", v=" << v_scale << ")";
+  std::string s = os.str();
+  return s.empty() ? "plain" : s;
+}
+
+void Variant::validate() const {
+  KVATTN_CHECK(window_left >= -1, "variant.window_left = ", window_left,
+               " is invalid (>= 0, or -1 for no sliding window)");
+  KVATTN_CHECK(std::isfinite(logits_soft_cap) && logits_soft_cap >= 0,
+               "variant.logits_soft_cap = ", logits_soft_cap, " is invalid (> 0, or 0 for off)");
+  if (sm_scale)
+    KVATTN_CHECK(std::isfinite(*sm_scale), "variant.sm_scale = ", *sm_scale, " is not finite");
+  KVATTN_CHECK(std::isfinite(q_scale) && std::isfinite(k_scale) && std::isfinite(v_scale),
+               "variant scales must be finite: q_scale = ", q_scale, ", k_scale = ", k_scale,
+               ", v_scale = ", v_scale);
+  KVATTN_CHECK(std::isfinite(sigmoid_bias), "variant.sigmoid_bias = ", sigmoid_bias,
+               " is not finite");
+  if (rope) {
+    KVATTN_CHECK(rope->rope_theta > 0, "variant.rope.rope_theta = ", rope->rope_theta,
+                 " must be > 0");
+    KVATTN_CHECK(rope->rope_scale > 0, "variant.rope.rope_scale = ", rope->rope_scale,
+                 " must be > 0");
+  }
+}
+
+float alibi_slope(int head, int num_heads) {
+  KVATTN_CHECK(num_heads >= 1, "alibi_slope: num_heads = ", num_heads, " must be >= 1");
+  KVATTN_CHECK(head >= 0 && head < num_heads, "alibi_slope: head = ", head,
+               " is out of range [0, ", num_heads, ")");
+  int n = 1;
+  while (n * 2 <= num_heads) n *= 2;
+  if (head < n) return std::exp2(-8.0f * float(head + 1) / float(n));
+  int k = head - n;
+  return std::exp2(-4.0f * float(2 * k + 1) / float(n));
+}
+
+}  // namespace kvattn
