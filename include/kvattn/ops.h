@@ -8,20 +8,33 @@
 namespace kvattn {
 
 // (o, lse) (+) (o_other, lse_other) for states over disjoint KV sets (SEMANTICS.md, "Merging").
-// v_*: [n, H, D] f32/f16/bf16; s_*: [n, H] f32, base-2 LSE.
+// v_*: [n, H, D] f32/f16/bf16; s_*: [n, H] f32, base-2 LSE. v_a and v_b share a dtype; v_out may
+// have any of the three. Arithmetic is f32. Any strides are allowed as long as the head dim (the
+// last) is contiguous; an output may alias an input exactly (same pointer and strides). A side with
+// lse = -inf leaves the other unchanged (its o is not read); both -inf give o = 0, lse = -inf.
+// stream: a cudaStream_t for CUDA tensors, else ignored (likewise below).
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
                  const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
                  void* stream = nullptr);
-// v <- v (+) v_other in place; rows whose mask byte ([n] u8) is 0 are left untouched.
+// v <- v (+) v_other in place; rows whose mask byte ([n] u8) is 0 are left untouched (v and s).
+// v_other has v's dtype.
 void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
                           const TensorView& s_other, const TensorView& mask = {},
                           void* stream = nullptr);
 // Folds k states per row in index order: v [n, k, H, D], s [n, k, H] -> v_out [n, H, D], s_out [n, H].
+// k = 0 gives o = 0, lse = -inf. Inputs with lse = -inf are skipped.
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                   const TensorView& s_out, void* stream = nullptr);
 
-// Writes row r of append_k / append_v ([nnz, Hkv, D]) at token positions[r] of request
-// batch_indices[r]. The page table already describes the lengths after the append.
+// Writes row r of append_k / append_v ([nnz, Hkv, D] and [nnz, Hkv, Dv]) at token positions[r] of
+// request batch_indices[r] (both [nnz] int32 on the host): page kv_indices[kv_indptr[b] + pos /
+// page_size], slot pos % page_size, in either layout, split or combined (5-D) caches. The page
+// table already describes the lengths after the append, so positions[r] must lie in [0, kv_len(b)).
+// The append dtype may differ from the cache's (e.g. bf16 rows into an e4m3 cache): values are
+// converted with round-to-nearest-even, fp8 saturating at its largest finite value and with no
+// scaling (divide by k_scale / v_scale before appending if the attention uses them); equal dtypes
+// copy the bits. Two rows may not target the same cache slot. Everything is validated before the
+// first write, so a rejected call leaves the cache untouched.
 void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
                            const TensorView& batch_indices, const TensorView& positions,
                            const PagedKVCache& cache, const PageTable& page_table,
@@ -31,8 +44,11 @@ struct RopeOptions : RopeConfig {
   int rotary_dim = 0;  // leading dims rotated; 0: the whole head dim
 };
 
-// q [nnz, Hq, D], k [nnz, Hk, D] rotated by pos_ids [nnz] (int32) into q_out, k_out (which may
-// alias the inputs).
+// q [nnz, Hq, D], k [nnz, Hk, D] (f32/f16/bf16) rotated by pos_ids [nnz] (int32, host) into q_out,
+// k_out (the dtypes and shapes of q and k; they may alias the inputs with identical strides). The
+// first rotary_dim (even, <= D) elements of each head are rotated (SEMANTICS.md, with d =
+// rotary_dim in the frequency); the rest are copied unchanged. Computed in f32 with the same code
+// as the fused RoPE of attention.
 void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
                 const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options = {},
                 void* stream = nullptr);

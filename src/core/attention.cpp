@@ -53,7 +53,7 @@ void plan_page_table(AttentionPlan& plan, const PageTable& table, int page_size)
   for (int64_t b = 0; b < info.batch_size; ++b)
     plan.kv_len[size_t(b)] = validate::paged_kv_len(info, page_size, b);
   plan.max_page_index = -1;
-  for (int32_t i : plan.kv_indices) {
+  for (const int32_t& i : plan.kv_indices) {  // by reference: &i gives the position
     KVATTN_CHECK(i >= 0, "kv_indices[", &i - plan.kv_indices.data(), "] = ", i,
                  " is out of range [0, num_pages)");
     plan.max_page_index = std::max<int64_t>(plan.max_page_index, i);
@@ -89,7 +89,9 @@ cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
                                  const TensorView& out, const TensorView& lse) {
   const auto& s = plan.shape;
   int64_t rows = plan.total_q_rows();
-  const char* rows_what = plan.is_decode ? "batch_size" : "qo_indptr[-1]";
+  const char* rows_what = plan.is_decode                     ? "batch_size"
+                          : plan.kind == KVKind::block_sparse ? "bsr M"
+                                                              : "qo_indptr[-1]";
   check_rows_tensor("q", q, s.q_dtype, "q_dtype", rows, rows_what, s.num_qo_heads,
                     "num_qo_heads", s.head_dim_qk, "head_dim_qk", q.device());
   check_rows_tensor("out", out, s.o_dtype, "o_dtype", rows, rows_what, s.num_qo_heads,
@@ -101,6 +103,7 @@ cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
     validate::dim("lse", lse, 0, rows, rows_what);
     validate::dim("lse", lse, 1, s.num_qo_heads, "num_qo_heads");
     validate::same_device("lse", lse, q.device(), "q");
+    KVATTN_CHECK(lse.numel() == 0 || lse.data() != nullptr, "lse has a null data pointer");
   }
   check_backend(q);
   cpu::EngineProblem p;

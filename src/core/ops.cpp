@@ -1,0 +1,316 @@
+// Stand-alone operations (kvattn/ops.h): argument validation, then lowering to the backend. Every
+// check runs before anything is written, so a bad argument leaves every output untouched.
+//
+// Choices made here (documented in kvattn/ops.h):
+// - merge: the input states of one call share a dtype (f32, f16 or bf16); the output o may be any
+//   of the three; LSEs are f32. Arithmetic is f32. The output may alias an input exactly.
+// - append_paged_kv_cache: append_k/append_v may have a dtype other than the cache's; values are
+//   converted (round to nearest even; fp8 saturates at its largest finite value, no scaling).
+//   Same dtypes copy bits. Two rows may not write the same cache slot.
+// - apply_rope: q_out/k_out have the dtypes of q/k; out may alias in (same pointer and strides).
+#include "kvattn/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/validate.h"
+#include "cpu/ops.h"
+
+namespace kvattn {
+
+namespace {
+
+void check_backend(std::string_view name, const TensorView& t) {
+  KVATTN_CHECK(t.device().is_cpu(), name, " is on ", t.device().str(),
+               " but this build of kvattn has no CUDA backend; pass host (cpu) tensors");
+}
+
+void check_data(std::string_view name, const TensorView& t) {
+  KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
+}
+
+// An n-D f32/f16/bf16 tensor with a contiguous last dim, on `dev`.
+void check_float_tensor(std::string_view name, const TensorView& t, int ndim, Device dev,
+                        std::string_view dev_from) {
+  validate::ndim(name, t, ndim);
+  validate::float_dtype(name, t);
+  validate::last_dim_contiguous(name, t);
+  validate::same_device(name, t, dev, dev_from);
+  check_data(name, t);
+}
+
+void check_lse_tensor(std::string_view name, const TensorView& t, int ndim, Device dev,
+                      std::string_view dev_from) {
+  validate::ndim(name, t, ndim);
+  validate::dtype(name, t, DType::f32);
+  validate::same_device(name, t, dev, dev_from);
+  check_data(name, t);
+}
+
+// t.shape[d] == ref.shape[rd] for each listed pair; "v_b.shape[1] = 7 but v_a.shape[1] = 8".
+void check_same_dims(std::string_view name, const TensorView& t, std::string_view ref_name,
+                     const TensorView& ref, std::initializer_list<std::pair<int, int>> dims) {
+  for (auto [d, rd] : dims) {
+    std::string what = std::string(ref_name) + ".shape[" + std::to_string(rd) + "]";
+    validate::dim(name, t, d, ref.size(rd), what);
+  }
+}
+
+void check_same_dtype(std::string_view name, const TensorView& t, std::string_view ref_name,
+                      const TensorView& ref) {
+  KVATTN_CHECK(t.dtype() == ref.dtype(), name, " has dtype ", dtype_name(t.dtype()), " but ",
+               ref_name, " has dtype ", dtype_name(ref.dtype()), "; they must match");
+}
+
+cpu::MergeInput merge_input(const TensorView& v, const TensorView& s) {
+  return {static_cast<const char*>(v.data()), v.stride(0), v.stride(1), s.data_as<const float>(),
+          s.stride(0), s.stride(1)};
+}
+
+void set_merge_output(cpu::MergeProblem& p, const TensorView& v, const TensorView& s) {
+  p.num_rows = v.size(0);
+  p.num_heads = int(v.size(1));
+  p.head_dim = int(v.size(2));
+  p.v_out = static_cast<char*>(v.data());
+  p.out_dtype = v.dtype();
+  p.vo_row = v.stride(0);
+  p.vo_head = v.stride(1);
+  p.s_out = s.data_as<float>();
+  p.so_row = s.stride(0);
+  p.so_head = s.stride(1);
+}
+
+}  // namespace
+
+// ---- merge --------------------------------------------------------------------------------------
+void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
+                 const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
+                 void* stream) {
+  check_float_tensor("v_a", v_a, 3, v_a.device(), "v_a");
+  const Device dev = v_a.device();
+  check_float_tensor("v_b", v_b, 3, dev, "v_a");
+  check_same_dtype("v_b", v_b, "v_a", v_a);
+  check_same_dims("v_b", v_b, "v_a", v_a, {{0, 0}, {1, 1}, {2, 2}});
+  check_float_tensor("v_out", v_out, 3, dev, "v_a");
+  check_same_dims("v_out", v_out, "v_a", v_a, {{0, 0}, {1, 1}, {2, 2}});
+  for (auto [name, s] : {std::pair{"s_a", &s_a}, std::pair{"s_b", &s_b}, std::pair{"s_out", &s_out}}) {
+    check_lse_tensor(name, *s, 2, dev, "v_a");
+    check_same_dims(name, *s, "v_a", v_a, {{0, 0}, {1, 1}});
+  }
+  check_backend("v_a", v_a);
+  cpu::MergeProblem p;
+  p.in_dtype = v_a.dtype();
+  p.inputs = {merge_input(v_a, s_a), merge_input(v_b, s_b)};
+  set_merge_output(p, v_out, s_out);
+  cpu::merge(p);
+}
+
+void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
+                          const TensorView& s_other, const TensorView& mask, void* stream) {
+  check_float_tensor("v", v, 3, v.device(), "v");
+  const Device dev = v.device();
+  check_float_tensor("v_other", v_other, 3, dev, "v");
+  check_same_dtype("v_other", v_other, "v", v);
+  check_same_dims("v_other", v_other, "v", v, {{0, 0}, {1, 1}, {2, 2}});
+  check_lse_tensor("s", s, 2, dev, "v");
+  check_same_dims("s", s, "v", v, {{0, 0}, {1, 1}});
+  check_lse_tensor("s_other", s_other, 2, dev, "v");
+  check_same_dims("s_other", s_other, "v", v, {{0, 0}, {1, 1}});
+  if (mask.defined()) {
+    validate::ndim("mask", mask, 1);
+    validate::dtype("mask", mask, DType::u8);
+    validate::same_device("mask", mask, dev, "v");
+    check_same_dims("mask", mask, "v", v, {{0, 0}});
+    check_data("mask", mask);
+  }
+  check_backend("v", v);
+  cpu::MergeProblem p;
+  p.in_dtype = v.dtype();
+  p.inputs = {merge_input(v, s), merge_input(v_other, s_other)};
+  set_merge_output(p, v, s);
+  if (mask.defined()) {
+    p.mask = mask.data_as<const uint8_t>();
+    p.mask_stride = mask.stride(0);
+  }
+  cpu::merge(p);
+}
+
+void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                  const TensorView& s_out, void* stream) {
+  check_float_tensor("v", v, 4, v.device(), "v");
+  const Device dev = v.device();
+  check_lse_tensor("s", s, 3, dev, "v");
+  check_same_dims("s", s, "v", v, {{0, 0}, {1, 1}, {2, 2}});
+  check_float_tensor("v_out", v_out, 3, dev, "v");
+  check_same_dims("v_out", v_out, "v", v, {{0, 0}, {1, 2}, {2, 3}});
+  check_lse_tensor("s_out", s_out, 2, dev, "v");
+  check_same_dims("s_out", s_out, "v", v, {{0, 0}, {1, 2}});
+  check_backend("v", v);
+  cpu::MergeProblem p;
+  p.in_dtype = v.dtype();
+  const size_t esz = dtype_size(v.dtype());
+  for (int64_t i = 0; i < v.size(1); ++i)
+    p.inputs.push_back({static_cast<const char*>(v.data()) + i * v.stride(1) * int64_t(esz),
+                        v.stride(0), v.stride(2), s.data_as<const float>() + i * s.stride(1),
+                        s.stride(0), s.stride(2)});
+  set_merge_output(p, v_out, s_out);
+  cpu::merge(p);
+}
+
+// ---- paged append -------------------------------------------------------------------------------
+void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
+                           const TensorView& batch_indices, const TensorView& positions,
+                           const PagedKVCache& cache, const PageTable& page_table, void* stream) {
+  validate::ndim("append_k", append_k, 3);
+  const Device dev = append_k.device();
+  validate::ndim("append_v", append_v, 3);
+  validate::ndim("paged k", cache.k, 4);
+  validate::ndim("paged v", cache.v, 4);
+  const char* layout = kv_layout_name(cache.layout);
+  for (auto [name, t] : {std::pair{"append_k", &append_k}, std::pair{"append_v", &append_v},
+                         std::pair{"paged k", &cache.k}, std::pair{"paged v", &cache.v}}) {
+    KVATTN_CHECK(is_float(t->dtype()), name, " has dtype ", dtype_name(t->dtype()),
+                 "; expected a float dtype (f32, f16, bf16, e4m3 or e5m2)");
+    validate::last_dim_contiguous(name, *t);
+    validate::same_device(name, *t, dev, "append_k");
+    check_data(name, *t);
+  }
+  const int tok_dim = cache.layout == KVLayout::NHD ? 1 : 2;
+  const int head_dim = cache.layout == KVLayout::NHD ? 2 : 1;
+  const std::string cache_k = std::string("paged k (") + layout + ")";
+  // The cache's own consistency: v has k's pages, page size and heads.
+  check_same_dims("paged v", cache.v, cache_k, cache.k, {{0, 0}, {tok_dim, tok_dim}, {head_dim, head_dim}});
+  const int64_t nnz = append_k.size(0), heads = cache.num_heads();
+  validate::dim("append_k", append_k, 1, heads, cache_k + ".shape[" + std::to_string(head_dim) + "] (num_kv_heads)");
+  validate::dim("append_k", append_k, 2, cache.head_dim_qk(), cache_k + ".shape[3] (head_dim)");
+  validate::dim("append_v", append_v, 0, nnz, "append_k.shape[0] (nnz)");
+  validate::dim("append_v", append_v, 1, heads, cache_k + ".shape[" + std::to_string(head_dim) + "] (num_kv_heads)");
+  validate::dim("append_v", append_v, 2, cache.head_dim_vo(), "paged v.shape[3] (head_dim)");
+  auto batch = validate::int32_array("batch_indices", batch_indices, nnz);
+  auto pos = validate::int32_array("positions", positions, nnz);
+  KVATTN_CHECK(cache.page_size() >= 1 && cache.page_size() <= INT32_MAX, "the page size of ",
+               cache_k, " is ", cache.page_size(), "; it must be >= 1");
+  const int page_size = int(cache.page_size());
+  auto info = validate::page_table(page_table, page_size, cache.num_pages());
+  check_backend("append_k", append_k);
+
+  cpu::AppendProblem p;
+  p.num_rows = nnz;
+  p.num_heads = int(heads);
+  p.page.resize(size_t(nnz));
+  p.slot.resize(size_t(nnz));
+  for (int64_t r = 0; r < nnz; ++r) {
+    const int32_t b = batch[size_t(r)], t = pos[size_t(r)];
+    KVATTN_CHECK(b >= 0 && b < info.batch_size, "batch_indices[", r, "] = ", b,
+                 " is out of range [0, ", info.batch_size, ")");
+    const int64_t len = validate::paged_kv_len(info, page_size, b);
+    KVATTN_CHECK(t >= 0 && t < len, "positions[", r, "] = ", t, " is out of range [0, ", len,
+                 ") for request ", b);
+    p.page[size_t(r)] = info.indices[size_t(info.indptr[b] + t / page_size)];
+    p.slot[size_t(r)] = t % page_size;
+  }
+  // No two rows may write one slot (the result would depend on the order of the writes).
+  std::vector<int64_t> order(static_cast<size_t>(nnz));
+  for (int64_t r = 0; r < nnz; ++r) order[size_t(r)] = r;
+  auto key = [&](int64_t r) { return p.page[size_t(r)] * page_size + p.slot[size_t(r)]; };
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return key(a) != key(b) ? key(a) < key(b) : a < b;
+  });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const int64_t a = order[i - 1], b = order[i];
+    KVATTN_CHECK(key(a) != key(b), "rows ", a, " and ", b, " of the append both write page ",
+                 p.page[size_t(a)], " slot ", p.slot[size_t(a)], " (request ", batch[size_t(a)],
+                 " position ", pos[size_t(a)], ", request ", batch[size_t(b)], " position ",
+                 pos[size_t(b)], ")");
+  }
+
+  auto side = [&](const TensorView& src, const TensorView& dst, int64_t tok_stride,
+                  int64_t head_stride) {
+    return cpu::AppendSide{static_cast<const char*>(src.data()), src.dtype(), src.stride(0),
+                           src.stride(1), static_cast<char*>(dst.data()), dst.dtype(),
+                           dst.stride(0), tok_stride, head_stride, int(src.size(2))};
+  };
+  p.k = side(append_k, cache.k, cache.k_token_stride(), cache.k_head_stride());
+  p.v = side(append_v, cache.v, cache.v_token_stride(), cache.v_head_stride());
+  cpu::append_paged(p);
+}
+
+// ---- RoPE ---------------------------------------------------------------------------------------
+void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options,
+                void* stream) {
+  check_float_tensor("q", q, 3, q.device(), "q");
+  const Device dev = q.device();
+  check_float_tensor("k", k, 3, dev, "q");
+  const int64_t nnz = q.size(0), D = q.size(2);
+  validate::dim("k", k, 0, nnz, "q.shape[0] (nnz)");
+  validate::dim("k", k, 2, D, "q.shape[2] (head_dim)");
+  for (auto [name, out, in_name, in] : {std::tuple{"q_out", &q_out, "q", &q},
+                                        std::tuple{"k_out", &k_out, "k", &k}}) {
+    validate::ndim(name, *out, 3);
+    check_same_dtype(name, *out, in_name, *in);
+    check_same_dims(name, *out, in_name, *in, {{0, 0}, {1, 1}, {2, 2}});
+    validate::last_dim_contiguous(name, *out);
+    validate::same_device(name, *out, dev, "q");
+    check_data(name, *out);
+    if (out->data() == in->data() && out->numel() > 0)
+      KVATTN_CHECK(out->stride(0) == in->stride(0) && out->stride(1) == in->stride(1), name,
+                   " aliases ", in_name, " with other strides (", out->describe(), " vs ",
+                   in->describe(), "); in-place RoPE needs identical views");
+  }
+  auto pos = validate::int32_array("pos_ids", pos_ids, nnz);
+
+  const int rd = options.rotary_dim == 0 ? int(D) : options.rotary_dim;
+  KVATTN_CHECK(options.rotary_dim >= 0, "rotary_dim = ", options.rotary_dim,
+               " must be >= 0 (0: the whole head dim)");
+  KVATTN_CHECK(rd <= D, "rotary_dim = ", options.rotary_dim, " exceeds the head dim ", D);
+  KVATTN_CHECK(rd % 2 == 0, "rotary_dim = ", rd,
+               options.rotary_dim == 0 ? " (the whole head dim)" : "",
+               " must be even: RoPE rotates pairs of elements");
+  KVATTN_CHECK(std::isfinite(options.rope_theta) && options.rope_theta > 0, "rope_theta = ",
+               options.rope_theta, " must be finite and > 0");
+  KVATTN_CHECK(std::isfinite(options.rope_scale) && options.rope_scale > 0, "rope_scale = ",
+               options.rope_scale, " must be finite and > 0");
+  kernels::VariantParams vp;
+  vp.rope_theta = options.rope_theta;
+  vp.rope_scale = options.rope_scale;
+  if (options.llama31) {
+    const Llama31Scaling& l = *options.llama31;
+    KVATTN_CHECK(std::isfinite(l.factor) && l.factor > 0, "llama31.factor = ", l.factor,
+                 " must be finite and > 0");
+    KVATTN_CHECK(std::isfinite(l.original_max_position) && l.original_max_position > 0,
+                 "llama31.original_max_position = ", l.original_max_position,
+                 " must be finite and > 0");
+    KVATTN_CHECK(std::isfinite(l.low_freq_factor) && l.low_freq_factor > 0 &&
+                     std::isfinite(l.high_freq_factor) && l.high_freq_factor > l.low_freq_factor,
+                 "llama31 needs 0 < low_freq_factor < high_freq_factor, got low_freq_factor = ",
+                 l.low_freq_factor, ", high_freq_factor = ", l.high_freq_factor);
+    vp.llama31_factor = l.factor;
+    vp.llama31_low_freq_factor = l.low_freq_factor;
+    vp.llama31_high_freq_factor = l.high_freq_factor;
+    vp.llama31_original_max_position = l.original_max_position;
+  }
+  check_backend("q", q);
+
+  cpu::RopeProblem p;
+  p.num_rows = nnz;
+  p.head_dim = int(D);
+  p.rotary_dim = rd;
+  p.interleave = options.interleave;
+  p.llama31 = options.llama31.has_value();
+  p.params = vp;
+  p.pos_ids = pos.data();
+  auto side = [](const TensorView& in, const TensorView& out) {
+    return cpu::RopeSide{static_cast<const char*>(in.data()), static_cast<char*>(out.data()),
+                         in.dtype(), in.stride(0), in.stride(1), out.stride(0), out.stride(1),
+                         int(in.size(1))};
+  };
+  p.q = side(q, q_out);
+  p.k = side(k, k_out);
+  cpu::rope(p);
+}
+
+}  // namespace kvattn

@@ -1,0 +1,731 @@
+// The load-balanced planner (include/kvattn/plan.h has the model and the algorithm in words).
+//
+// Data flow of one plan():
+//   inputs -> groups (request, query tile, visible KV range [v0, v1), packed rows)
+//          -> split-size search: estimates (total cost, largest item) per candidate, then
+//             longest-first schedules of a few candidates on one worker slice
+//          -> the best schedule is replicated over the slices and written out as the work list,
+//             the worker ranges, the merge table and the worker costs.
+// All buffers live in Planner::Scratch and the Plan, and are reused from one plan() to the next:
+// after the first call a plan of the same size or smaller allocates nothing.
+#include "kvattn/plan.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <limits>
+#include <numeric>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kvattn/error.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace kvattn {
+
+namespace {
+
+constexpr int32_t kNoSplit = std::numeric_limits<int32_t>::max();
+
+// A (request, query tile): the unit whose KV range is split. Its heads are scheduled together.
+struct Group {
+  int32_t request;
+  int32_t q_begin, q_end;
+  int32_t v0, v1;  // visible KV range of the tile
+  int32_t rows;    // packed rows: query tokens x group size
+  int64_t cost;    // cost of the tile unsplit (one head)
+};
+
+// How a group is cut for one split size: n chunks of `piece` tokens, the last one shorter.
+struct Cut {
+  int32_t piece;
+  int32_t n;
+};
+
+// Chunks [chunk_begin, chunk_end) of a split group, all of one cost.
+struct Class {
+  int64_t cost;
+  int32_t group;
+  int32_t chunk_begin, chunk_end;
+};
+
+// One item of the slice schedule: a chunk of a group, for local head `head`, on local worker.
+struct Assign {
+  int32_t group;
+  int32_t chunk;
+  int32_t head;
+  int32_t worker;
+};
+
+// Cut of a visible range of L tokens for split size S (kNoSplit: one chunk). With `balanced`, the
+// n = ceil(L / S) chunks have equal size rounded up to `align`; otherwise exactly S (fixed split).
+inline Cut cut_range(int64_t L, int64_t S, int64_t align, bool balanced) {
+  if (L <= S) return {int32_t(L), 1};
+  if (!balanced) return {int32_t(S), int32_t((L + S - 1) / S)};
+  int64_t n = (L + S - 1) / S;
+  int64_t piece = (L + n - 1) / n;
+  piece = (piece + align - 1) / align * align;
+  return {int32_t(piece), int32_t((L + piece - 1) / piece)};
+}
+
+struct Estimate {
+  int64_t total = 0;    // cost of one slice (all its heads)
+  int64_t largest = 0;  // largest item
+  int64_t items = 0;    // items of one slice
+};
+
+// One candidate schedule of a slice.
+struct Schedule {
+  int32_t split = kNoSplit;
+  std::vector<Cut> cuts;        // per group
+  std::vector<Class> classes;   // chunks of split groups, longest first
+  std::vector<Assign> assigns;  // in assignment order
+  std::vector<int64_t> loads;   // per local worker
+  int64_t makespan = 0;
+  int64_t total = 0;
+  int64_t largest = 0;
+};
+
+// What one plan() knows about the problem while it searches.
+struct Problem {
+  const std::vector<Group>* groups;
+  const std::vector<int32_t>* order;  // groups by unsplit cost, longest first
+  // Groups by visible length, longest first, with suffix sums and maxima of their unsplit costs:
+  // the groups a split size S cuts are a prefix of this order.
+  const std::vector<int32_t>* by_len;
+  const std::vector<int64_t>* suffix_cost;
+  const std::vector<int64_t>* suffix_max;
+  int64_t align;
+  int slice_heads, slice_workers;
+  CostModel cm;
+};
+
+// The least-loaded worker, kept by a tournament tree of packed keys (load << 20 | worker): leaves
+// are the workers (padded to a power of two with keys that never win), each inner node holds the
+// smaller key of its children, so the root is the least-loaded worker with the lowest index.
+// Adding to a worker's load replays its path to the root: log2(workers) branch-free minimums.
+constexpr int kWorkerBits = 20;
+constexpr int64_t kMaxWorkers = (int64_t(1) << kWorkerBits) - 1;
+constexpr int64_t kMaxLoad = (int64_t(1) << (63 - kWorkerBits)) - 1;
+
+struct WorkerTree {
+  std::vector<uint64_t> node;
+  size_t leaves = 1;
+
+  void reset(size_t n) {
+    leaves = std::bit_ceil(n);
+    node.resize(2 * leaves);
+    for (size_t w = 0; w < leaves; ++w) node[leaves + w] = w < n ? w : ~uint64_t(0);
+    for (size_t i = leaves - 1; i >= 1; --i) node[i] = std::min(node[2 * i], node[2 * i + 1]);
+  }
+  int32_t top() const { return int32_t(node[1] & ((uint64_t(1) << kWorkerBits) - 1)); }
+  int64_t load(size_t w) const { return int64_t(node[leaves + w] >> kWorkerBits); }
+  // Adds `cost` to the least-loaded worker and returns that worker. The root's key is the leaf's
+  // key, so neither is read back from memory; the path's new minimum stays in a register and only
+  // the siblings are loaded (their addresses are known at once, so the loads overlap).
+  int32_t add_to_top(int64_t cost) {
+    const uint64_t root = node[1];
+    const int32_t w = int32_t(root & ((uint64_t(1) << kWorkerBits) - 1));
+    size_t i = leaves + size_t(w);
+    uint64_t v = root + (uint64_t(cost) << kWorkerBits);
+    node[i] = v;
+    for (; i > 1; i >>= 1) {
+      v = std::min(v, node[i ^ 1]);
+      node[i >> 1] = v;
+    }
+    return w;
+  }
+};
+
+}  // namespace
+
+struct Planner::Scratch {
+  std::vector<Group> groups;
+  std::vector<int32_t> order, order_tmp, by_len;
+  std::vector<int64_t> suffix_cost, suffix_max;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> radix_count;
+  std::vector<int32_t> candidates;
+  std::vector<int64_t> cursor;
+  std::vector<int32_t> slot_base;  // per group: first slot of head 0, or -1 when not split
+  std::vector<int32_t> merge_base; // per group: first merge entry of head 0
+  WorkerTree tree;
+  Schedule trial, best;
+};
+
+Planner::Planner() : scratch_(std::make_unique<Scratch>()) {}
+Planner::~Planner() = default;
+Planner::Planner(Planner&&) noexcept = default;
+Planner& Planner::operator=(Planner&&) noexcept = default;
+
+int64_t Plan::item_cost(const WorkItem& item) const {
+  int64_t rows = int64_t(item.q_rows()) * group_size_;
+  return cost_.per_item + cost_.per_query_row * rows + cost_.per_kv_token * item.kv_tokens() +
+         (item.partial_slot >= 0 ? cost_.per_partial_row * rows : 0);
+}
+
+namespace {
+void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
+  KVATTN_CHECK(opt.num_workers >= 1, "num_workers = ", opt.num_workers,
+               " must be >= 1 (CTAs the GPU keeps resident, or CPU threads)");
+  KVATTN_CHECK(opt.num_workers <= kMaxWorkers, "num_workers = ", opt.num_workers,
+               " exceeds the planner's limit of ", kMaxWorkers);
+  KVATTN_CHECK(in.num_qo_heads >= 1, "num_qo_heads = ", in.num_qo_heads, " must be >= 1");
+  KVATTN_CHECK(in.num_kv_heads >= 1 && in.num_kv_heads <= 32767, "num_kv_heads = ",
+               in.num_kv_heads, " is out of range [1, 32767]");
+  KVATTN_CHECK(in.num_qo_heads % in.num_kv_heads == 0, "num_qo_heads = ", in.num_qo_heads,
+               " is not a multiple of num_kv_heads = ", in.num_kv_heads);
+  KVATTN_CHECK(in.head_dim_qk >= 1, "head_dim_qk = ", in.head_dim_qk, " must be >= 1");
+  KVATTN_CHECK(in.head_dim_vo >= 0, "head_dim_vo = ", in.head_dim_vo,
+               " must be >= 1 (or 0 for head_dim_qk)");
+  KVATTN_CHECK(in.tile.query_tokens >= 1, "tile.query_tokens = ", in.tile.query_tokens,
+               " must be >= 1");
+  KVATTN_CHECK(in.tile.kv_tokens >= 1, "tile.kv_tokens = ", in.tile.kv_tokens, " must be >= 1");
+  KVATTN_CHECK(in.window_left >= -1, "window_left = ", in.window_left,
+               " must be >= 0 (or -1 for no window)");
+  KVATTN_CHECK(opt.fixed_split_size >= 0, "fixed_split_size = ", opt.fixed_split_size,
+               " must be >= 0 (0: chosen by the planner)");
+  const CostModel& c = opt.cost;
+  KVATTN_CHECK(c.per_item >= 0 && c.per_query_row >= 0 && c.per_kv_token >= 0 &&
+                   c.per_partial_row >= 0,
+               "cost model coefficients must be >= 0 (per_item = ", c.per_item,
+               ", per_query_row = ", c.per_query_row, ", per_kv_token = ", c.per_kv_token,
+               ", per_partial_row = ", c.per_partial_row, ")");
+  KVATTN_CHECK(c.per_item + c.per_query_row + c.per_kv_token > 0,
+               "cost model: per_item, per_query_row and per_kv_token are all 0");
+  KVATTN_CHECK(!in.qo_indptr.empty(), "qo_indptr is empty; it needs batch_size + 1 entries");
+  const int64_t B = int64_t(in.qo_indptr.size()) - 1;
+  KVATTN_CHECK(in.qo_indptr[0] == 0, "qo_indptr[0] = ", in.qo_indptr[0], " must be 0");
+  KVATTN_CHECK(int64_t(in.kv_len.size()) == B, "kv_len has ", in.kv_len.size(),
+               " entries but qo_indptr describes ", B, " requests");
+  for (int64_t b = 0; b < B; ++b) {
+    KVATTN_CHECK(in.qo_indptr[size_t(b + 1)] >= in.qo_indptr[size_t(b)], "qo_indptr[", b + 1,
+                 "] = ", in.qo_indptr[size_t(b + 1)], " is less than qo_indptr[", b, "] = ",
+                 in.qo_indptr[size_t(b)], " (request ", b, " would have a negative query length)");
+    KVATTN_CHECK(in.kv_len[size_t(b)] >= 0, "kv_len[", b, "] = ", in.kv_len[size_t(b)],
+                 " is negative");
+  }
+  if (opt.cuda_graph) {
+    const GraphCapacity& g = *opt.cuda_graph;
+    KVATTN_CHECK(g.max_batch >= 1, "cuda_graph.max_batch = ", g.max_batch, " must be >= 1");
+    KVATTN_CHECK(g.max_tokens >= 1, "cuda_graph.max_tokens = ", g.max_tokens, " must be >= 1");
+    KVATTN_CHECK(g.max_split_items >= -1, "cuda_graph.max_split_items = ", g.max_split_items,
+                 " must be >= 0 (or -1 for 2 x num_workers)");
+    KVATTN_CHECK(B <= g.max_batch, "batch size ", B, " exceeds the cuda_graph capacity max_batch = ",
+                 g.max_batch);
+    KVATTN_CHECK(in.qo_indptr.back() <= g.max_tokens, "qo_indptr[", B, "] = ", in.qo_indptr.back(),
+                 " query tokens exceed the cuda_graph capacity max_tokens = ", g.max_tokens);
+  }
+}
+
+// Indices 0..n-1 ordered by keys[i] ascending, ties by index: a stable LSD radix sort, 8 or 11
+// bits per pass (std::sort for short lists).
+void radix_order(std::vector<int32_t>& order, std::vector<int32_t>& tmp,
+                 const std::vector<uint64_t>& keys, std::vector<uint32_t>& count) {
+  const size_t n = keys.size();
+  order.resize(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (n < 2) return;
+  uint64_t max_key = 0;
+  for (uint64_t k : keys) max_key = std::max(max_key, k);
+  if (n < 256) {
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return keys[size_t(a)] < keys[size_t(b)] || (keys[size_t(a)] == keys[size_t(b)] && a < b);
+    });
+    return;
+  }
+  const int bits = n < 4096 ? 8 : 11;
+  const uint64_t mask = (uint64_t(1) << bits) - 1;
+  tmp.resize(n);
+  count.resize(size_t(1) << bits);
+  for (int shift = 0; shift < 64 && (max_key >> shift) != 0; shift += bits) {
+    std::fill(count.begin(), count.end(), 0u);
+    for (size_t i = 0; i < n; ++i) ++count[(keys[size_t(order[i])] >> shift) & mask];
+    uint32_t sum = 0;
+    for (uint32_t& c : count) {
+      uint32_t x = c;
+      c = sum;
+      sum += x;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t g = order[i];
+      tmp[count[(keys[size_t(g)] >> shift) & mask]++] = g;
+    }
+    order.swap(tmp);
+  }
+}
+
+// Longest-first list scheduling of one slice for split size `split`: every item goes to the
+// least-loaded worker (lowest index on ties). Items: unsplit groups in `order`, merged with the
+// chunks of split groups (sorted here), each repeated for the slice's heads.
+void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, bool balanced) {
+  const std::vector<Group>& groups = *pb.groups;
+  const CostModel& cm = pb.cm;
+  s.split = split;
+  s.cuts.resize(groups.size());
+  s.classes.clear();
+  s.total = 0;
+  s.largest = 0;
+  int64_t num_items = int64_t(groups.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    const int64_t L = int64_t(g.v1) - g.v0;
+    if (L <= split) {
+      s.cuts[gi] = {int32_t(L), 1};
+      s.total += g.cost;
+      s.largest = std::max(s.largest, g.cost);
+      continue;
+    }
+    Cut c = cut_range(L, split, pb.align, balanced);
+    s.cuts[gi] = c;
+    num_items += c.n - 1;
+    const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
+    const int64_t last = L - int64_t(c.n - 1) * c.piece;
+    const int64_t big = sbase + cm.per_kv_token * c.piece, small = sbase + cm.per_kv_token * last;
+    if (last == c.piece) {
+      s.classes.push_back({big, int32_t(gi), 0, c.n});
+    } else {
+      s.classes.push_back({big, int32_t(gi), 0, c.n - 1});
+      s.classes.push_back({small, int32_t(gi), c.n - 1, c.n});
+    }
+    s.total += big * (c.n - 1) + small;
+    s.largest = std::max(s.largest, big);
+  }
+  s.total *= pb.slice_heads;
+  KVATTN_CHECK(s.total <= kMaxLoad, "the batch's total cost (", s.total,
+               " under the cost model) exceeds the planner's limit of ", kMaxLoad);
+  std::sort(s.classes.begin(), s.classes.end(), [](const Class& a, const Class& b) {
+    if (a.cost != b.cost) return a.cost > b.cost;
+    if (a.group != b.group) return a.group < b.group;
+    return a.chunk_begin < b.chunk_begin;
+  });
+
+  const size_t n = size_t(pb.slice_workers);
+  tree.reset(n);
+  s.assigns.resize(size_t(num_items) * size_t(pb.slice_heads));
+  Assign* out = s.assigns.data();
+  auto place = [&](int32_t group, int32_t chunk, int64_t cost) {
+    for (int h = 0; h < pb.slice_heads; ++h) *out++ = {group, chunk, h, tree.add_to_top(cost)};
+  };
+  // Merge the unsplit groups (already in order) with the split chunks, longest first; on equal
+  // cost the lower group index goes first.
+  const std::vector<int32_t>& order = *pb.order;
+  size_t oi = 0, ci = 0;
+  for (;;) {
+    while (oi < order.size() && s.cuts[size_t(order[oi])].n > 1) ++oi;
+    const bool have_main = oi < order.size(), have_split = ci < s.classes.size();
+    if (!have_main && !have_split) break;
+    bool take_main = have_main;
+    if (have_main && have_split) {
+      const Group& g = groups[size_t(order[oi])];
+      const Class& c = s.classes[ci];
+      take_main = g.cost > c.cost || (g.cost == c.cost && order[oi] < c.group);
+    }
+    if (take_main) {
+      const int32_t gi = order[oi++];
+      place(gi, 0, groups[size_t(gi)].cost);
+    } else {
+      const Class& c = s.classes[ci++];
+      for (int32_t chunk = c.chunk_begin; chunk < c.chunk_end; ++chunk) place(c.group, chunk, c.cost);
+    }
+  }
+  s.loads.resize(n);
+  s.makespan = 0;
+  for (size_t w = 0; w < n; ++w) {
+    s.loads[w] = tree.load(w);
+    s.makespan = std::max(s.makespan, s.loads[w]);
+  }
+  if (getenv("KVATTN_PLAN_DEBUG")) fprintf(stderr, "schedule S=%d makespan %lld ratio %.4f items %zu\n", split, (long long)s.makespan, double(s.makespan) * n / s.total, s.assigns.size());
+}
+
+// Cost estimate of one slice for a split size (no scheduling): the cut groups one by one, the
+// others from the suffix sums.
+Estimate estimate(const Problem& pb, int32_t split) {
+  Estimate e;
+  const CostModel& cm = pb.cm;
+  const std::vector<Group>& groups = *pb.groups;
+  const std::vector<int32_t>& by_len = *pb.by_len;
+  size_t i = 0;
+  for (; i < by_len.size(); ++i) {
+    const Group& g = groups[size_t(by_len[i])];
+    const int64_t L = int64_t(g.v1) - g.v0;
+    if (L <= split) break;
+    Cut c = cut_range(L, split, pb.align, true);
+    int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
+    e.total += sbase * c.n + cm.per_kv_token * L;
+    e.largest = std::max(e.largest, sbase + cm.per_kv_token * c.piece);
+    e.items += c.n;
+  }
+  e.total += (*pb.suffix_cost)[i];
+  e.largest = std::max(e.largest, (*pb.suffix_max)[i]);
+  e.items += int64_t(by_len.size() - i);
+  e.total *= pb.slice_heads;
+  e.items *= pb.slice_heads;
+  return e;
+}
+
+// dst[i] = src[i] moved by dh heads, dw workers and ds partial slots (slots only where present).
+void replicate_slice(WorkItem* dst, const WorkItem* src, int64_t n, int16_t dh, int32_t dw,
+                     int32_t ds) {
+#if defined(__SSE2__)
+  // A WorkItem is two 16-byte halves: [request, kv_head|active|reserved, q_begin, q_end] and
+  // [kv_begin, kv_end, worker, partial_slot]. kv_head is the low half of its 32-bit lane and stays
+  // below 2^15, so adding dh to the lane never carries into `active`.
+  static_assert(offsetof(WorkItem, kv_head) == 4 && offsetof(WorkItem, worker) == 24 &&
+                offsetof(WorkItem, partial_slot) == 28);
+  const __m128i add_lo = _mm_set_epi32(0, 0, dh, 0);
+  const __m128i add_w = _mm_set_epi32(0, dw, 0, 0);
+  const __m128i add_s = _mm_set_epi32(ds, 0, 0, 0);
+  const __m128i minus1 = _mm_set1_epi32(-1);
+  for (int64_t i = 0; i < n; ++i) {
+    const __m128i* in = reinterpret_cast<const __m128i*>(src + i);
+    __m128i lo = _mm_loadu_si128(in), hi = _mm_loadu_si128(in + 1);
+    lo = _mm_add_epi32(lo, add_lo);
+    hi = _mm_add_epi32(_mm_add_epi32(hi, add_w),
+                       _mm_and_si128(add_s, _mm_cmpgt_epi32(hi, minus1)));
+    __m128i* out = reinterpret_cast<__m128i*>(dst + i);
+    _mm_storeu_si128(out, lo);
+    _mm_storeu_si128(out + 1, hi);
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    WorkItem it = src[i];
+    it.kv_head = int16_t(it.kv_head + dh);
+    it.worker += dw;
+    if (it.partial_slot >= 0) it.partial_slot += ds;
+    dst[i] = it;
+  }
+#endif
+}
+
+}  // namespace
+
+const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) {
+  check_inputs(in, opt);
+  Scratch& sc = *scratch_;
+  Plan& p = plan_;
+  const int64_t B = int64_t(in.qo_indptr.size()) - 1;
+  const int H = in.num_kv_heads;
+  const int group_size = in.num_qo_heads / in.num_kv_heads;
+  const int W = opt.num_workers;
+  const int T = in.tile.query_tokens;
+  const int64_t align = in.tile.kv_tokens;
+  const CostModel& cm = opt.cost;
+
+  // ---- groups: (request, query tile) with its visible KV range --------------------------------
+  sc.groups.clear();
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t qo = int64_t(in.qo_indptr[size_t(b + 1)]) - in.qo_indptr[size_t(b)];
+    const int64_t kv = in.kv_len[size_t(b)];
+    for (int64_t q0 = 0; q0 < qo; q0 += T) {
+      const int64_t q1 = std::min<int64_t>(qo, q0 + T);
+      int64_t v0 = 0, v1 = kv;
+      if (in.causal) v1 = std::min<int64_t>(kv, kv - qo + q1);      // last row sees < p + 1
+      if (in.window_left >= 0) v0 = std::max<int64_t>(0, kv - qo + q0 - in.window_left);
+      if (v1 <= v0) v0 = v1 = 0;                                     // nothing visible
+      const int64_t rows = (q1 - q0) * group_size;
+      const int64_t cost = cm.per_item + cm.per_query_row * rows + cm.per_kv_token * (v1 - v0);
+      sc.groups.push_back({int32_t(b), int32_t(q0), int32_t(q1), int32_t(v0), int32_t(v1),
+                           int32_t(rows), cost});
+      max_len = std::max(max_len, v1 - v0);
+    }
+  }
+  // Longest first by unsplit cost (the schedule's order) and by visible length (the estimate's).
+  // With equal rows everywhere (decode, or tiles all full) and a per-token cost, the two agree.
+  const size_t G = sc.groups.size();
+  int64_t max_cost = 0;
+  bool same_rows = true;
+  for (const Group& g : sc.groups) {
+    max_cost = std::max(max_cost, g.cost);
+    same_rows = same_rows && g.rows == sc.groups[0].rows;
+  }
+  sc.keys.resize(G);
+  for (size_t i = 0; i < G; ++i) sc.keys[i] = uint64_t(max_cost - sc.groups[i].cost);
+  radix_order(sc.order, sc.order_tmp, sc.keys, sc.radix_count);
+  // The estimate's order and suffix sums are built on first use (a batch that needs no split
+  // never builds them).
+  bool have_by_len = false;
+  auto build_by_len = [&] {
+    if (same_rows && cm.per_kv_token > 0) {
+      sc.by_len.assign(sc.order.begin(), sc.order.end());
+    } else {
+      for (size_t i = 0; i < G; ++i)
+        sc.keys[i] = uint64_t(max_len - (int64_t(sc.groups[i].v1) - sc.groups[i].v0));
+      radix_order(sc.by_len, sc.order_tmp, sc.keys, sc.radix_count);
+    }
+    sc.suffix_cost.resize(G + 1);
+    sc.suffix_max.resize(G + 1);
+    sc.suffix_cost[G] = sc.suffix_max[G] = 0;
+    for (size_t i = G; i-- > 0;) {
+      const int64_t c = sc.groups[size_t(sc.by_len[i])].cost;
+      sc.suffix_cost[i] = sc.suffix_cost[i + 1] + c;
+      sc.suffix_max[i] = std::max(sc.suffix_max[i + 1], c);
+    }
+    have_by_len = true;
+  };
+  int64_t unsplit_total = 0;
+  for (const Group& g : sc.groups) unsplit_total += g.cost;
+
+  // ---- worker slices: heads with identical work share one schedule ----------------------------
+  const int slices = std::gcd(W, H);
+  const int slice_workers = W / slices, slice_heads = H / slices;
+
+  // ---- capacity (graph mode) ------------------------------------------------------------------
+  int64_t item_cap = -1, split_budget = -1;
+  if (opt.cuda_graph) {
+    const GraphCapacity& g = *opt.cuda_graph;
+    // Query tiles: each has >= 1 token, and sum ceil(q_b / T) <= (tokens + batch (T - 1)) / T.
+    int64_t max_tiles = std::min<int64_t>(g.max_tokens, (g.max_tokens + int64_t(g.max_batch) *
+                                                         (T - 1)) / T);
+    split_budget = g.max_split_items < 0 ? 2 * int64_t(W) : g.max_split_items;
+    item_cap = int64_t(H) * max_tiles + split_budget;
+  }
+  const int64_t unsplit_items = int64_t(sc.groups.size()) * H;
+
+  // ---- split size ----------------------------------------------------------------------------
+  const Problem pb{&sc.groups,      &sc.order,     &sc.by_len,   &sc.suffix_cost,
+                   &sc.suffix_max, align,         slice_heads,  slice_workers, cm};
+  auto est = [&](int32_t split) {
+    if (split >= max_len)
+      return Estimate{unsplit_total * slice_heads, max_cost, int64_t(G) * slice_heads};
+    if (!have_by_len) build_by_len();
+    return estimate(pb, split);
+  };
+  auto fits = [&](int64_t slice_items) {
+    return split_budget < 0 || slice_items * slices - unsplit_items <= split_budget;
+  };
+  if (opt.disable_split_kv || max_len == 0) {
+    schedule(sc.best, sc.tree, pb, kNoSplit, true);
+  } else if (opt.fixed_split_size > 0) {
+    schedule(sc.best, sc.tree, pb, opt.fixed_split_size, false);
+    KVATTN_CHECK(fits(int64_t(sc.best.assigns.size())), "fixed_split_size = ",
+                 opt.fixed_split_size, " adds ",
+                 int64_t(sc.best.assigns.size()) * slices - unsplit_items,
+                 " split items, more than the cuda_graph capacity max_split_items = ",
+                 split_budget);
+  } else {
+    // Candidates: multiples of the KV tile growing by ~sqrt(2) (1, 2, 3, 4, 6, 8, 12, ...), then
+    // no split at all.
+    sc.candidates.clear();
+    for (int64_t m = 1; m * align < max_len;) {
+      sc.candidates.push_back(int32_t(m * align));
+      bool pow2 = (m & (m - 1)) == 0;
+      m = m == 1 ? 2 : pow2 ? m / 2 * 3 : m / 3 * 4;
+    }
+    sc.candidates.push_back(kNoSplit);
+    const int K = int(sc.candidates.size());
+    // Start with the largest split size whose largest item is at most half the mean load (longest
+    // first then fills every worker to within about one small item of the mean). The largest item
+    // grows with S and the total shrinks, so this is a binary search.
+    auto small_items = [&](int k) {
+      Estimate e = est(sc.candidates[size_t(k)]);
+      return 2 * e.largest * slice_workers <= e.total;
+    };
+    int k0 = K - 1;
+    if (!small_items(K - 1)) {
+      int lo = 0, hi = K - 2;  // find the largest k in [0, K - 2] with small items, else 0
+      if (!small_items(0)) {
+        hi = 0;
+      } else {
+        while (lo < hi) {
+          int mid = (lo + hi + 1) / 2;
+          if (small_items(mid)) lo = mid; else hi = mid - 1;
+        }
+      }
+      k0 = hi;
+    }
+    // Graph mode: the first candidate that fits the split budget (no split always fits).
+    while (k0 < K - 1 && !fits(est(sc.candidates[size_t(k0)]).items)) ++k0;
+    schedule(sc.best, sc.tree, pb, sc.candidates[size_t(k0)], true);
+    // Neighbours, while they can still pay: only if the best schedule is more than 1/40 above its
+    // own mean, only candidates whose lower bound (largest item above, mean load below) is more
+    // than 1/256 under the best makespan, and a candidate replaces the best only if it is 1/256
+    // better. Larger split sizes first (fewer items when the batch is small), then smaller ones.
+    auto can_improve = [&] {
+      const int64_t mean = (sc.best.total + slice_workers - 1) / slice_workers;
+      return sc.best.makespan * 40 > mean * 41;
+    };
+    auto try_candidate = [&](int k) {
+      const int32_t S = sc.candidates[size_t(k)];
+      Estimate e = est(S);
+      if (!fits(e.items)) return false;
+      const int64_t bound = std::max(e.largest, (e.total + slice_workers - 1) / slice_workers);
+      if (bound * 256 >= sc.best.makespan * 255) return false;
+      schedule(sc.trial, sc.tree, pb, S, true);
+      if (sc.trial.makespan * 256 >= sc.best.makespan * 255) return false;
+      std::swap(sc.trial, sc.best);
+      return true;
+    };
+    int tries = 0;
+    for (int k = k0 + 1; k < K && tries < 3 && can_improve(); ++k, ++tries)
+      if (!try_candidate(k)) break;
+    for (int k = k0 - 1; k >= 0 && tries < 5 && can_improve(); --k, ++tries)
+      if (!try_candidate(k)) break;
+  }
+  const Schedule& best = sc.best;
+
+  // ---- merge table and partial slots ----------------------------------------------------------
+  sc.slot_base.assign(sc.groups.size(), -1);
+  sc.merge_base.assign(sc.groups.size(), -1);
+  // Head-major numbering: head h's slots are [h * head_slots, (h + 1) * head_slots), a split group
+  // gi's chunks at slot_base[gi] inside; likewise merge entries with head_merges per head.
+  int64_t head_merges = 0, head_slots = 0, split_rows = 0;
+  for (size_t gi = 0; gi < sc.groups.size(); ++gi) {
+    const Cut& c = best.cuts[gi];
+    if (c.n <= 1) continue;
+    sc.slot_base[gi] = int32_t(head_slots);
+    sc.merge_base[gi] = int32_t(head_merges);
+    head_slots += c.n;
+    head_merges += 1;
+    split_rows += int64_t(sc.groups[gi].rows) * H;
+  }
+  const bool any_split = head_merges > 0;
+  const int64_t num_slots = head_slots * H, num_merges = head_merges * H;
+  const int64_t num_items = int64_t(best.assigns.size()) * slices;
+  if (item_cap >= 0) {
+    // Guaranteed by construction (capacity checks above); kept as an invariant check.
+    KVATTN_CHECK(num_items <= item_cap && num_slots <= 2 * split_budget,
+                 "internal: plan of ", num_items, " items exceeds the graph capacity ", item_cap);
+  }
+
+  p.graph_mode_ = bool(opt.cuda_graph);
+  p.cost_ = cm;
+  p.batch_size_ = B;
+  p.num_kv_heads_ = H;
+  p.group_size_ = group_size;
+  p.head_dim_vo_ = in.head_dim_vo > 0 ? in.head_dim_vo : in.head_dim_qk;
+  p.query_tile_ = T;
+  p.split_size_ = any_split ? (best.split == kNoSplit ? 0 : best.split) : 0;
+  p.num_items_ = num_items;
+  p.num_merges_ = num_merges;
+  p.num_slots_ = num_slots;
+  p.split_rows_ = split_rows;  // packed rows: query tokens x query heads
+  p.slot_capacity_ = p.graph_mode_ ? 2 * split_budget : num_slots;
+  p.items_.resize(size_t(p.graph_mode_ ? item_cap : num_items));
+  p.merges_.resize(size_t(p.graph_mode_ ? split_budget : num_merges));
+
+  // Worker ranges: local worker w of slice s is global worker s * slice_workers + w.
+  p.worker_begin_.resize(size_t(W) + 1);
+  sc.cursor.assign(size_t(slice_workers), 0);
+  for (const Assign& a : best.assigns) ++sc.cursor[size_t(a.worker)];
+  p.worker_begin_[0] = 0;
+  for (int s = 0, gw = 0; s < slices; ++s)
+    for (int w = 0; w < slice_workers; ++w, ++gw)
+      p.worker_begin_[size_t(gw) + 1] = p.worker_begin_[size_t(gw)] + sc.cursor[size_t(w)];
+  p.worker_cost_.resize(size_t(W));
+  for (int s = 0; s < slices; ++s)
+    for (int w = 0; w < slice_workers; ++w)
+      p.worker_cost_[size_t(s * slice_workers + w)] = best.loads[size_t(w)];
+  p.total_cost_ = best.total * slices;
+  p.max_cost_ = best.makespan;
+  p.largest_item_ = best.largest;
+
+  // Items, in each worker's assignment order. Slice 0 is written from the schedule; every other
+  // slice is the same list shifted by whole slices of workers, heads and slots.
+  const int64_t A = int64_t(best.assigns.size());
+  WorkItem* items = p.items_.data();
+  for (int w = 0; w < slice_workers; ++w) sc.cursor[size_t(w)] = p.worker_begin_[size_t(w)];
+  for (const Assign& a : best.assigns) {
+    const Group& g = sc.groups[size_t(a.group)];
+    const Cut& cut = best.cuts[size_t(a.group)];
+    WorkItem it;
+    it.request = g.request;
+    it.kv_head = int16_t(a.head);
+    it.active = true;
+    it.q_begin = g.q_begin;
+    it.q_end = g.q_end;
+    it.kv_begin = g.v0 + a.chunk * cut.piece;
+    it.kv_end = cut.n == 1 ? g.v1 : std::min<int32_t>(g.v1, it.kv_begin + cut.piece);
+    it.worker = a.worker;
+    const int32_t slot0 = sc.slot_base[size_t(a.group)];
+    it.partial_slot = slot0 < 0 ? -1 : int32_t(a.head * head_slots + slot0 + a.chunk);
+    items[sc.cursor[size_t(a.worker)]++] = it;
+  }
+  for (int s = 1; s < slices; ++s)
+    replicate_slice(items + s * A, items, A, int16_t(s * slice_heads), s * slice_workers,
+                    int32_t(s * slice_heads * head_slots));
+  for (int64_t i = num_items; i < int64_t(p.items_.size()); ++i) items[i] = WorkItem{};
+
+  // Merge table: per head, the split groups in order.
+  MergeEntry* merges = p.merges_.data();
+  for (size_t gi = 0; gi < sc.groups.size(); ++gi) {
+    if (sc.merge_base[gi] < 0) continue;
+    const Group& g = sc.groups[gi];
+    const Cut& cut = best.cuts[gi];
+    for (int h = 0; h < H; ++h)
+      merges[h * head_merges + sc.merge_base[gi]] = {
+          g.request, h, g.q_begin, g.q_end, int32_t(h * head_slots + sc.slot_base[gi]), cut.n};
+  }
+  for (int64_t i = num_merges; i < int64_t(p.merges_.size()); ++i) merges[i] = MergeEntry{};
+  return p;
+}
+
+Plan make_plan(const PlannerInputs& inputs, const SchedulerOptions& options) {
+  Planner planner;
+  planner.plan(inputs, options);
+  return planner.current();
+}
+
+// ---- KV lengths from the formats ----------------------------------------------------------------
+namespace {
+void check_indptr(const char* name, std::span<const int32_t> indptr) {
+  KVATTN_CHECK(!indptr.empty(), name, " is empty; it needs batch_size + 1 entries");
+  KVATTN_CHECK(indptr[0] == 0, name, "[0] = ", indptr[0], " must be 0");
+  for (size_t i = 1; i < indptr.size(); ++i)
+    KVATTN_CHECK(indptr[i] >= indptr[i - 1], name, "[", i, "] = ", indptr[i], " is less than ",
+                 name, "[", i - 1, "] = ", indptr[i - 1]);
+}
+}  // namespace
+
+std::vector<int32_t> kv_lengths_paged(std::span<const int32_t> indptr,
+                                      std::span<const int32_t> last_page_len, int page_size) {
+  check_indptr("kv_indptr", indptr);
+  KVATTN_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");
+  const size_t B = indptr.size() - 1;
+  KVATTN_CHECK(last_page_len.size() == B, "kv_last_page_len has ", last_page_len.size(),
+               " entries but kv_indptr describes ", B, " requests");
+  std::vector<int32_t> len(B);
+  for (size_t b = 0; b < B; ++b) {
+    int64_t pages = int64_t(indptr[b + 1]) - indptr[b];
+    int32_t last = last_page_len[b];
+    if (pages == 0) {
+      KVATTN_CHECK(last >= 0 && last <= page_size, "kv_last_page_len[", b, "] = ", last,
+                   " is out of range [0, ", page_size, "]");
+      len[b] = 0;
+      continue;
+    }
+    KVATTN_CHECK(last >= 1 && last <= page_size, "kv_last_page_len[", b, "] = ", last,
+                 " is out of range [1, ", page_size, "]");
+    int64_t L = int64_t(page_size) * (pages - 1) + last;
+    KVATTN_CHECK(L <= std::numeric_limits<int32_t>::max(), "request ", b, " has ", L,
+                 " KV tokens, more than int32 can hold");
+    len[b] = int32_t(L);
+  }
+  return len;
+}
+
+std::vector<int32_t> kv_lengths_ragged(std::span<const int32_t> indptr) {
+  check_indptr("kv_indptr", indptr);
+  std::vector<int32_t> len(indptr.size() - 1);
+  for (size_t b = 0; b < len.size(); ++b) len[b] = indptr[b + 1] - indptr[b];
+  return len;
+}
+
+std::vector<int32_t> kv_lengths_bsr(std::span<const int32_t> indptr, int block_cols) {
+  check_indptr("bsr indptr", indptr);
+  KVATTN_CHECK(block_cols >= 1, "bsr C = ", block_cols, " must be >= 1");
+  std::vector<int32_t> len(indptr.size() - 1);
+  for (size_t r = 0; r < len.size(); ++r) {
+    int64_t L = (int64_t(indptr[r + 1]) - indptr[r]) * block_cols;
+    KVATTN_CHECK(L <= std::numeric_limits<int32_t>::max(), "bsr block row ", r, " has ", L,
+                 " KV tokens, more than int32 can hold");
+    len[r] = int32_t(L);
+  }
+  return len;
+}
+
+}  // namespace kvattn

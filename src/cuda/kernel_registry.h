@@ -1,0 +1,32 @@
+// The table of built-in kernels: named presets, each a list of kernels that `kvattn jit
+// precompile --preset NAME` compiles and CI compiles for sm_90a and sm_80 (a kernel that does not
+// compile fails CI). Add a kernel family by appending its spec builders to a preset in
+// kernel_registry.cpp.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cuda/jit.h"
+
+namespace kvattn::cuda {
+
+struct RegisteredKernel {
+  std::string name;                                     // same as the spec's name
+  std::function<KernelSpec(const std::string& arch)> make;
+};
+
+struct Preset {
+  std::string name;
+  std::string description;
+  std::vector<RegisteredKernel> kernels;
+};
+
+const std::vector<Preset>& presets();
+// Throws kvattn::Error naming the known presets when `name` is not one.
+const Preset& find_preset(std::string_view name);
+std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch);
+
+}  // namespace kvattn::cuda

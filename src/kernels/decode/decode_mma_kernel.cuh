@@ -1,0 +1,289 @@
+// Paged batch decode on tensor cores (mma.sync m16n8k16, sm_80+), for f16/bf16 KV. One CTA runs one
+// work item (request, KV head, KV range) for up to 16 query heads of the group: the heads are the
+// 16 rows of the MMA's A tile (padded), so each KV byte is read once for all of them.
+//
+// Each warp owns 16 tokens of every tile and keeps its own online-softmax state in registers
+//   S = Q K^T   A = Q (registers or shared), B = K rows via ldmatrix
+//   P = exp2(S - m) rebuilt as the A fragment of the next MMA in registers (no shared round trip)
+//   O += P V    B = V rows via ldmatrix.trans
+// The warps' states are merged through shared memory at the end, and the row is written out, or,
+// for a split row, its normalised partial state goes to the workspace for merge_partials.
+#pragma once
+
+#include "kernels/common/mma.cuh"
+#include "kernels/decode/params.cuh"
+#include "kernels/variants/builtin.cuh"
+
+namespace kvattn::kernels::decode {
+
+template <int DT, int QDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
+          int STAGES, int WARPS>
+struct DecodeMmaKernel {
+  using Variant = BuiltinVariant<FEATURES>;
+  static_assert(DT == kF16 || DT == kBF16, "the tensor-core decode reads f16 or bf16 KV");
+  static_assert(FEATURES != kDynamicFeatures && !(FEATURES & kRope) && !(FEATURES & kCustomMask),
+                "fused RoPE and custom masks run on the CUDA-core decode kernel");
+  static_assert(GH >= 1 && GH <= 16 && DQK % 16 == 0 && DVO % 16 == 0, "shape");
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kTile = WARPS * 16;
+  static constexpr int kPitchK = ((DQK * 2 / 16) | 1) * 16;  // bytes; odd 16-byte multiple
+  static constexpr int kPitchV = ((DVO * 2 / 16) | 1) * 16;
+  static constexpr int kPitchQ = kPitchK;
+  static constexpr int kChunksK = DQK * 2 / 16, kChunksV = DVO * 2 / 16;
+  static constexpr bool kQInRegisters = DQK <= 128;
+  static constexpr float kLog2e = 1.4426950408889634f;
+
+  static constexpr int kStageBytes = kTile * (kPitchK + kPitchV);
+  static constexpr int kPipeBytes = STAGES * kStageBytes;
+  static constexpr int kMergeBytes = WARPS * 16 * (DVO + 2) * 4;
+  static constexpr int kBigBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
+
+  // Page ids of a tile live in a shared ring of kRing slots, fetched one tile ahead of the data
+  // so that no cp.async waits on a dependent global load of kv_indices.
+  static constexpr int kRing = STAGES + 1;
+  static constexpr int kIdsPerTile = kTile + 1;  // worst case: page size 1, or an unaligned tile
+  static constexpr int kRingBytes = kRing * kIdsPerTile * 4;
+  static constexpr int kSmemBytes = kBigBytes + 16 * kPitchQ + kRingBytes;
+
+  static __device__ __forceinline__ int page_size(const DecodeParams& p) {
+    return PAGE > 0 ? PAGE : p.page_size;
+  }
+  // Thread i < kIdsPerTile fetches the i-th page id of the tile (or -1 past the range).
+  static __device__ __forceinline__ int32_t fetch_page_id(const DecodeParams& p, int32_t tile0,
+                                                          int32_t kv_end, int32_t page_base) {
+    const int ps = page_size(p);
+    const int32_t first = tile0 / ps;
+    const int32_t last = (min(tile0 + kTile, kv_end) - 1) / ps;
+    const int32_t i = first + int32_t(threadIdx.x);
+    return (threadIdx.x < kIdsPerTile && tile0 < kv_end && i <= last) ? p.kv_indices[page_base + i] : -1;
+  }
+
+  static __device__ void load_tile(const DecodeParams& p, char* smem, int stage, int32_t tile0,
+                                   int32_t kv_end, const int32_t* ids, int kv_head) {
+    const int ps = page_size(p);
+    const int32_t first = tile0 / ps;
+    const char* kbase = static_cast<const char*>(p.k) + kv_head * p.k_stride_head * 2;
+    const char* vbase = static_cast<const char*>(p.v) + kv_head * p.v_stride_head * 2;
+    char* kdst = smem + stage * kStageBytes;
+    char* vdst = kdst + kTile * kPitchK;
+    for (int id = threadIdx.x; id < kTile * (kChunksK + kChunksV); id += kThreads) {
+      const bool is_k = id < kTile * kChunksK;
+      const int local = is_k ? id : id - kTile * kChunksK;
+      const int chunks = is_k ? kChunksK : kChunksV;
+      const int r = local / chunks, c = local % chunks;
+      const int32_t tok = tile0 + r;
+      const bool valid = tok < kv_end;
+      const char* src = is_k ? kbase : vbase;
+      if (valid) {
+        const int64_t page = ids[tok / ps - first];
+        src += ((is_k ? p.k_stride_page : p.v_stride_page) * page +
+                (is_k ? p.k_stride_token : p.v_stride_token) * int64_t(tok % ps)) * 2 + c * 16;
+      }
+      cp_async_16((is_k ? kdst + r * kPitchK : vdst + r * kPitchV) + c * 16, src, valid);
+    }
+  }
+
+  static __device__ void run(const DecodeParams& p, char* smem) {
+    const DecodeWorkItem item = p.items[blockIdx.x];
+    if (item.request < 0) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = p.num_qo_heads / p.num_kv_heads;
+    const int head0 = item.kv_head * group + blockIdx.y * GH;
+    const int32_t page_base = p.kv_indptr[item.request];
+    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
+    const int32_t kv_len = n_pages == 0 ? 0
+        : (n_pages - 1) * (PAGE > 0 ? PAGE : p.page_size) + p.kv_last_page_len[item.request];
+    const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
+
+    int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);
+    auto tile_start = [&](int tile) { return item.kv_begin + tile * kTile; };
+    for (int st = 0; st < STAGES && st < n_tiles; ++st) {
+      const int32_t id = fetch_page_id(p, tile_start(st), item.kv_end, page_base);
+      if (threadIdx.x < kIdsPerTile) ring[st * kIdsPerTile + threadIdx.x] = id;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < n_tiles) load_tile(p, smem, st, tile_start(st), item.kv_end, ring + st * kIdsPerTile, item.kv_head);
+      cp_async_commit();
+    }
+    // q rows [16][DQK] in the MMA type; rows past GH are zero.
+    char* qs = smem + kBigBytes;
+    for (int i = threadIdx.x; i < 16 * DQK / 2; i += kThreads) {
+      const int row = i / (DQK / 2), e = 2 * (i % (DQK / 2));
+      float x0 = 0.0f, x1 = 0.0f;
+      if (row < GH) {
+        const int64_t base = item.request * p.q_stride_n + (head0 + row) * p.q_stride_h + e;
+        x0 = load_as_f32<QDT>(p.q, base);
+        x1 = load_as_f32<QDT>(p.q, base + 1);
+      }
+      *reinterpret_cast<uint32_t*>(qs + row * kPitchQ + e * 2) = pack2<DT>(x0, x1);
+    }
+    __syncthreads();
+    uint32_t qfrag[kQInRegisters ? DQK / 16 : 1][4];
+    const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
+    if constexpr (kQInRegisters) {
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
+    }
+
+    const int g = lane / 4, t4 = lane % 4;  // fragment row and column pair
+    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
+    float acc[DVO / 8][4];
+#pragma unroll
+    for (int n = 0; n < DVO / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile `tile` is visible; the stage loaded next was consumed last round
+      const int ahead = tile + STAGES - 1;
+      if (ahead < n_tiles)
+        load_tile(p, smem, ahead % STAGES, tile_start(ahead), item.kv_end,
+                  ring + (ahead % kRing) * kIdsPerTile, item.kv_head);
+      cp_async_commit();
+      // Page ids of the tile after that: loaded now, stored after this tile's math.
+      const int32_t next_id = tile + STAGES < n_tiles
+          ? fetch_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base) : -1;
+
+      const char* ks_base = smem + (tile % STAGES) * kStageBytes + warp * 16 * kPitchK;
+      const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
+      const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
+
+      // S = Q K^T for this warp's 16 tokens: two n-tiles of 8 tokens.
+      float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+      const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks_base + k_row * kPitchK + (ks * 16 + k_col) * 2);
+        if constexpr (kQInRegisters) {
+          mma_16816<DT>(s[0], qfrag[ks], b[0], b[1]);
+          mma_16816<DT>(s[1], qfrag[ks], b[2], b[3]);
+        } else {
+          uint32_t a[4];
+          ldmatrix_x4(a, qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
+          mma_16816<DT>(s[0], a, b[0], b[1]);
+          mma_16816<DT>(s[1], a, b[2], b[3]);
+        }
+      }
+      // Variant: mask and logit transform per element; rows past GH are padding.
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int row = g + (j >= 2 ? 8 : 0);
+          const int32_t tok = tok0 + n * 8 + 2 * t4 + (j & 1);
+          float x = -INFINITY;
+          if (row < GH && tok < item.kv_end) {
+            LogitCoord c{item.request, head0 + row, 0, tok, kv_len - 1, tok, kv_len};
+            if (Variant::logits_mask(p.variant, c))
+              x = Variant::logits_transform(p.variant, p.variant.sm_scale * s[n][j], c) * kLog2e;
+          }
+          s[n][j] = x;
+          tile_max[j / 2] = fmaxf(tile_max[j / 2], x);
+        }
+      if (Variant::use_softmax(p.variant)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          const float m_new = fmaxf(m[r], tile_max[r]);
+          const float scale = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+          d[r] *= scale;
+#pragma unroll
+          for (int n = 0; n < DVO / 8; ++n) {
+            acc[n][2 * r] *= scale;
+            acc[n][2 * r + 1] *= scale;
+          }
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int j = 2 * r; j < 2 * r + 2; ++j) {
+              s[n][j] = m_new == -INFINITY ? 0.0f : exp2f(s[n][j] - m_new);
+              d[r] += s[n][j];
+            }
+          m[r] = m_new;
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            s[n][j] = s[n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[n][j] / kLog2e);
+      }
+      // O += P V, P as the A fragment (16 heads x 16 tokens).
+      uint32_t pa[4] = {pack2<DT>(s[0][0], s[0][1]), pack2<DT>(s[0][2], s[0][3]),
+                        pack2<DT>(s[1][0], s[1][1]), pack2<DT>(s[1][2], s[1][3])};
+      const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
+#pragma unroll
+      for (int dn = 0; dn < DVO / 16; ++dn) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs_base + v_row * kPitchV + (dn * 16 + v_col) * 2);
+        mma_16816<DT>(acc[2 * dn], pa, b[0], b[1]);
+        mma_16816<DT>(acc[2 * dn + 1], pa, b[2], b[3]);
+      }
+      if (tile + STAGES < n_tiles && threadIdx.x < kIdsPerTile)
+        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = next_id;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Merge the warps' states: per warp m[16], d[16], acc[16][DVO] in shared memory.
+    float* mw = reinterpret_cast<float*>(smem);
+    float* dw = mw + WARPS * 16;
+    float* aw = dw + WARPS * 16;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
+      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
+      const int row = g + 8 * r;
+      if (t4 == 0) {
+        mw[warp * 16 + row] = m[r];
+        dw[warp * 16 + row] = d[r];
+      }
+#pragma unroll
+      for (int n = 0; n < DVO / 8; ++n) {
+        aw[(warp * 16 + row) * DVO + n * 8 + 2 * t4] = acc[n][2 * r];
+        aw[(warp * 16 + row) * DVO + n * 8 + 2 * t4 + 1] = acc[n][2 * r + 1];
+      }
+    }
+    __syncthreads();
+    const bool softmax_on = Variant::use_softmax(p.variant);
+    for (int i = threadIdx.x; i < GH * DVO; i += kThreads) {
+      const int row = i / DVO, e = i % DVO;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, mw[w * 16 + row]);
+      float num = 0.0f, den = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const float x = aw[(w * 16 + row) * DVO + e];
+        if (!softmax_on) { num += x; continue; }
+        const float mwv = mw[w * 16 + row];
+        const float wt = mwv == -INFINITY ? 0.0f : exp2f(mwv - mx);
+        num += wt * x;
+        den += wt * dw[w * 16 + row];
+      }
+      float o = num, lse = -INFINITY;
+      if (softmax_on) {
+        o = den > 0.0f ? num / den : 0.0f;
+        lse = den > 0.0f ? mx + log2f(den) : -INFINITY;
+      }
+      o *= p.variant.v_scale;
+      const int qo_head = head0 + row;
+      if (item.partial_slot < 0) {
+        store_from_f32<ODT>(p.o, item.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
+        if (p.lse && e == 0) p.lse[item.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
+      } else {
+        const int gh = qo_head - item.kv_head * group;
+        p.partial_o[(int64_t(item.partial_slot) * group + gh) * DVO + e] = o;
+        if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
+      }
+    }
+  }
+};
+
+}  // namespace kvattn::kernels::decode

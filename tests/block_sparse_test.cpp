@@ -1,0 +1,171 @@
+// BlockSparseAttention against the float64 reference: R x C blocks from 1 x 1 (vector sparsity) to
+// 16 x 16, random block patterns listed in random order, empty block rows (zeros, lse -inf),
+// M != N (query i at position i + N - M, key j at j), every dtype, GQA groups, strided views and
+// the variants that apply to it (causal, sliding window, soft-cap, ALiBi, RoPE, sigmoid, scales).
+#include <gtest/gtest.h>
+
+#include "reference/reference.h"
+#include "support/attention_case.h"
+#include "support/compare.h"
+#include "support/host_tensor.h"
+#include "support/paged_kv.h"
+
+namespace kvattn_test {
+namespace {
+
+using kvattn::DType;
+
+struct BsrCase {
+  int64_t M = 16, N = 16, R = 4, C = 4;
+  double density = 0.5;  // probability that a block is present
+  AttnCase base;         // heads, dims, dtypes, variant, strided, want_lse, fill (lens unused)
+};
+
+void run_bsr_case(const BsrCase& bc, Rng& rng) {
+  const AttnCase& c = bc.base;
+  SCOPED_TRACE("bsr M " + std::to_string(bc.M) + " N " + std::to_string(bc.N) + " R x C " +
+               std::to_string(bc.R) + " x " + std::to_string(bc.C) + ", " + c.describe());
+  const int hq = c.num_qo_heads, hkv = c.num_kv_heads, dqk = c.head_dim_qk, dvo = c.dvo();
+  const bool want_lse = c.want_lse && !c.variant.sigmoid;
+
+  // The pattern: each row block lists its present column blocks in random order.
+  std::vector<int32_t> indptr{0}, indices;
+  for (int64_t br = 0; br < bc.M / bc.R; ++br) {
+    std::vector<int32_t> cols;
+    for (int32_t j = 0; j < bc.N / bc.C; ++j)
+      if (rng.coin(bc.density)) cols.push_back(j);
+    rng.shuffle(cols);
+    indices.insert(indices.end(), cols.begin(), cols.end());
+    indptr.push_back(int32_t(indices.size()));
+  }
+  std::vector<int32_t> indices_buf = indices;
+  indices_buf.push_back(-7);  // past indptr[-1]: never read
+
+  auto make = [&](DType t, std::vector<int64_t> shape) {
+    HostTensor x = c.strided ? HostTensor::strided(t, std::move(shape)) : HostTensor(t, std::move(shape));
+    x.poison();
+    return x;
+  };
+  HostTensor q = make(c.q_dtype, {bc.M, hq, dqk}), k = make(c.kv(), {bc.N, hkv, dqk}),
+             v = make(c.kv(), {bc.N, hkv, dvo}), out = make(c.out(), {bc.M, hq, dvo}),
+             lse = make(DType::f32, {bc.M, hq});
+  std::vector<double> qd, kd, vd;
+  auto fill = [&](HostTensor& t, char what, std::vector<double>& dst) {
+    t.for_each([&](int64_t off, const std::vector<int64_t>& i) {
+      t.set_at(off, fill_value(c.fill, what, i[0], int(i[1]), int(i[2]), rng));
+      dst.push_back(t.get_at(off));
+    });
+  };
+  fill(q, 'q', qd);
+  fill(k, 'k', kd);
+  fill(v, 'v', vd);
+
+  HostTensor indptr_t = int32_tensor(indptr), indices_t = int32_tensor(indices_buf);
+  kvattn::BlockSparsePlan p;
+  static_cast<kvattn::AttentionShape&>(p) = shape_of(c);
+  p.bsr = {indptr_t.view(), indices_t.view(), bc.M, bc.N, bc.R, bc.C};
+  kvattn::BlockSparseAttention op;
+  op.plan(p);
+  op.run(q.view(), k.view(), v.view(), out.view(), want_lse ? lse.view() : kvattn::TensorView{});
+
+  ref::Request r{bc.M, bc.N, hq, hkv, dqk, dvo, qd.data(), kd.data(), vd.data(), bc.N - bc.M,
+                 ref::bsr_pattern(indptr, indices, bc.R, bc.C)};
+  ref::Result res = ref::attention(r, c.variant);
+  EXPECT_TRUE(outputs_match(out, res.o, res.o_mag));
+  if (want_lse) EXPECT_TRUE(lse_match(lse, res.lse));
+  else EXPECT_TRUE(padding_untouched(lse, "lse (not requested)"));
+}
+
+TEST(BlockSparse, BlockShapes) {
+  const std::array<int64_t, 4> shapes[] = {  // M, N, R, C
+      {8, 8, 1, 1}, {13, 29, 1, 1}, {16, 48, 4, 4}, {12, 30, 2, 3}, {32, 32, 16, 1},
+      {16, 64, 16, 16}, {9, 48, 3, 16}, {48, 16, 4, 4}, {4, 96, 4, 32}};
+  for (auto [M, N, R, C] : shapes)
+    for (double density : {0.3, 1.0}) {
+      KVATTN_CASE_RNG(rng);
+      BsrCase bc{M, N, R, C, density, {}};
+      bc.base.num_qo_heads = 4;
+      bc.base.num_kv_heads = 2;
+      bc.base.head_dim_qk = 32;
+      run_bsr_case(bc, rng);
+    }
+}
+
+TEST(BlockSparse, EmptyPatternsAndShapes) {
+  const std::array<int64_t, 4> shapes[] = {{8, 8, 2, 2}, {0, 8, 2, 2}, {8, 0, 2, 2}, {0, 0, 1, 1}};
+  for (auto [M, N, R, C] : shapes)
+    for (double density : {0.0, 0.5}) {
+      KVATTN_CASE_RNG(rng);
+      BsrCase bc{M, N, R, C, density, {}};
+      bc.base.num_qo_heads = 2;
+      bc.base.head_dim_qk = 16;
+      run_bsr_case(bc, rng);
+    }
+}
+
+TEST(BlockSparse, DtypesAndGroups) {
+  const DType computes[] = {DType::f32, DType::f16, DType::bf16};
+  int n = 0;
+  for (DType q : computes)
+    for (DType kv : {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2})
+      for (int group : {1, 4, 7, 8}) {
+        KVATTN_CASE_RNG(rng);
+        BsrCase bc{12, 24, 3, 2, 0.5, {}};
+        bc.base.num_kv_heads = group == 7 ? 1 : 2;
+        bc.base.num_qo_heads = group * bc.base.num_kv_heads;
+        bc.base.head_dim_qk = 32;
+        bc.base.q_dtype = q;
+        bc.base.kv_dtype = kv;
+        bc.base.o_dtype = computes[n++ % 3];
+        run_bsr_case(bc, rng);
+      }
+}
+
+TEST(BlockSparse, StridedHeadDimsAndFills) {
+  const std::pair<int, int> dims[] = {{8, 8}, {96, 96}, {192, 128}, {256, 256}, {512, 512}};
+  for (auto [dqk, dvo] : dims)
+    for (Fill fill : {Fill::random, Fill::structured}) {
+      KVATTN_CASE_RNG(rng);
+      BsrCase bc{8, 16, 2, 4, 0.6, {}};
+      bc.base.num_qo_heads = 2;
+      bc.base.num_kv_heads = 1;
+      bc.base.head_dim_qk = dqk;
+      bc.base.head_dim_vo = dvo;
+      bc.base.q_dtype = DType::bf16;
+      bc.base.strided = true;
+      bc.base.fill = fill;
+      bc.base.want_lse = fill == Fill::random;
+      run_bsr_case(bc, rng);
+    }
+}
+
+TEST(BlockSparse, Variants) {
+  kvattn::RopeConfig llama31;
+  llama31.llama31 = kvattn::Llama31Scaling{};
+  const kvattn::Variant variants[] = {
+      kvattn::variants::causal(),
+      kvattn::variants::sliding_window(5),
+      kvattn::variants::sliding_window(3, false),
+      kvattn::variants::soft_cap(2.5f).with_sm_scale(0.6f),
+      kvattn::variants::alibi().with_causal(),
+      kvattn::variants::rope(),
+      kvattn::variants::rope(llama31).with_causal(),
+      kvattn::variants::sigmoid(-1.0f),
+      kvattn::variants::sigmoid(0.5f).with_causal(),
+      kvattn::Variant{}.with_scales(0.5f, 2.0f, 1.5f)};
+  for (const auto& var : variants)
+    for (auto [M, N] : {std::pair<int64_t, int64_t>{24, 24}, {8, 40}, {40, 8}}) {
+      KVATTN_CASE_RNG(rng);
+      BsrCase bc{M, N, 4, 4, 0.7, {}};
+      bc.base.num_qo_heads = 7;
+      bc.base.num_kv_heads = 1;
+      bc.base.head_dim_qk = 32;
+      bc.base.q_dtype = DType::f16;
+      bc.base.kv_dtype = var.k_scale != 1 ? DType::e4m3 : DType::f16;
+      bc.base.variant = var;
+      run_bsr_case(bc, rng);
+    }
+}
+
+}  // namespace
+}  // namespace kvattn_test

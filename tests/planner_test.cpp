@@ -1,0 +1,563 @@
+// The planner (include/kvattn/plan.h): property tests over thousands of random batches, error
+// messages, CUDA-graph mode, split options, and the scheduling-quality simulation of the issue's
+// three scenarios. Seeds are fixed: batch k of a property test uses seed kPropertySeed + k (printed
+// in the failure trace), so a failure replays exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/batch_shapes.h"
+#include "kvattn/error.h"
+#include "kvattn/plan.h"
+
+namespace {
+
+using kvattn::detail::SplitMix64;
+
+constexpr uint64_t kPropertySeed = 20261129;
+constexpr int kPropertyBatches = 3000;
+
+struct Batch {
+  std::vector<int32_t> qo_indptr{0};
+  std::vector<int32_t> kv_len;
+  kvattn::PlannerInputs inputs;
+  kvattn::SchedulerOptions options;
+
+  void bind() {
+    inputs.qo_indptr = qo_indptr;
+    inputs.kv_len = kv_len;
+  }
+  int32_t qo_len(int b) const { return qo_indptr[size_t(b) + 1] - qo_indptr[size_t(b)]; }
+};
+
+// A random batch: decode or prefill/append, random heads, tiles, masks, workers and options.
+Batch random_batch(uint64_t seed) {
+  SplitMix64 rng(seed);
+  Batch b;
+  const int B = int(rng.uniform(0, 8));
+  const bool decode = rng.uniform(0, 2) == 0;
+  for (int i = 0; i < B; ++i) {
+    int32_t kv = int32_t(rng.uniform(0, 4) == 0 ? rng.uniform(0, 8) : rng.uniform(0, 220));
+    int32_t qo = decode ? 1 : int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(0, 3) : rng.uniform(0, 28));
+    if (!decode && rng.uniform(0, 1) == 0) qo = std::min(qo, kv);  // append: qo <= kv
+    b.kv_len.push_back(kv);
+    b.qo_indptr.push_back(b.qo_indptr.back() + qo);
+  }
+  auto& in = b.inputs;
+  in.num_kv_heads = int(rng.uniform(1, 4));
+  in.num_qo_heads = in.num_kv_heads * int(rng.uniform(1, 4));
+  in.head_dim_qk = 64;
+  in.tile.query_tokens = decode ? 1 : int(std::vector<int>{1, 3, 8, 16}[size_t(rng.uniform(0, 3))]);
+  in.tile.kv_tokens = std::vector<int>{1, 4, 16, 32}[size_t(rng.uniform(0, 3))];
+  in.causal = rng.uniform(0, 1) == 1;
+  in.window_left = rng.uniform(0, 2) == 0 ? int(rng.uniform(0, 60)) : -1;
+  auto& opt = b.options;
+  opt.num_workers = int(rng.uniform(0, 3) == 0 ? rng.uniform(1, 4) : rng.uniform(1, 64));
+  switch (rng.uniform(0, 5)) {
+    case 0: opt.disable_split_kv = true; break;
+    case 1: opt.fixed_split_size = int(rng.uniform(1, 80)); break;
+    case 2: opt.cuda_graph = kvattn::GraphCapacity{std::max(B, 1) + int(rng.uniform(0, 4)),
+                                                   b.qo_indptr.back() + rng.uniform(1, 50),
+                                                   int(rng.uniform(-1, 40))};
+            break;
+    default: break;
+  }
+  if (rng.uniform(0, 3) == 0) opt.cost = {int64_t(rng.uniform(0, 100)), int64_t(rng.uniform(0, 4)),
+                                          int64_t(rng.uniform(1, 3)), int64_t(rng.uniform(0, 8))};
+  b.bind();
+  return b;
+}
+
+bool visible(const kvattn::PlannerInputs& in, int32_t qo, int32_t kv, int32_t i, int32_t j) {
+  int64_t p = int64_t(kv) - qo + i;
+  if (in.causal && j > p) return false;
+  if (in.window_left >= 0 && j < p - in.window_left) return false;
+  return true;
+}
+
+// Every property of a plan, checked exhaustively for one batch.
+void check_plan(const Batch& batch, const kvattn::Plan& plan) {
+  const auto& in = batch.inputs;
+  const auto& opt = batch.options;
+  const int H = in.num_kv_heads, W = opt.num_workers, T = in.tile.query_tokens;
+  const int group = in.num_qo_heads / H;
+  const int B = int(batch.kv_len.size());
+  ASSERT_EQ(plan.num_workers(), W);
+  ASSERT_EQ(plan.batch_size(), B);
+
+  // Worker lists partition the active items; costs add up.
+  auto items = plan.items();
+  ASSERT_EQ(int64_t(items.size()), plan.num_items());
+  int64_t seen = 0, total = 0, largest = 0, max_load = 0;
+  for (int w = 0; w < W; ++w) {
+    auto list = plan.worker_items(w);
+    ASSERT_EQ(list.data(), items.data() + seen) << "worker " << w << "'s list is not contiguous";
+    seen += int64_t(list.size());
+    int64_t load = 0;
+    for (const auto& it : list) {
+      ASSERT_TRUE(it.active);
+      ASSERT_EQ(it.worker, w);
+      int64_t c = plan.item_cost(it);
+      load += c;
+      largest = std::max(largest, c);
+    }
+    ASSERT_EQ(load, plan.worker_costs()[size_t(w)]) << "worker " << w;
+    total += load;
+    max_load = std::max(max_load, load);
+  }
+  ASSERT_EQ(seen, plan.num_items());
+  EXPECT_EQ(total, plan.total_cost());
+  EXPECT_EQ(max_load, plan.max_worker_cost());
+  EXPECT_EQ(largest, plan.largest_item_cost());
+  // The greedy bound: max <= mean + largest item (exact: max * W <= total + largest * W).
+  EXPECT_LE(max_load * W, total + largest * W)
+      << "max " << max_load << " mean " << double(total) / W << " largest " << largest;
+
+  // Inactive padding after the active items (graph mode).
+  for (int64_t i = plan.num_items(); i < plan.item_capacity(); ++i) {
+    ASSERT_FALSE(plan.all_items()[size_t(i)].active);
+    ASSERT_EQ(plan.all_items()[size_t(i)].worker, -1);
+  }
+
+  // Item shape: query tiles, KV inside the request.
+  std::vector<int> slot_uses(size_t(plan.num_partial_slots()), 0);
+  for (const auto& it : items) {
+    ASSERT_GE(it.request, 0);
+    ASSERT_LT(it.request, B);
+    ASSERT_GE(it.kv_head, 0);
+    ASSERT_LT(it.kv_head, H);
+    const int32_t qo = batch.qo_len(it.request), kv = batch.kv_len[size_t(it.request)];
+    ASSERT_EQ(it.q_begin % T, 0);
+    ASSERT_EQ(it.q_end, std::min(qo, it.q_begin + T));
+    ASSERT_LT(it.q_begin, it.q_end);
+    ASSERT_LE(0, it.kv_begin);
+    ASSERT_LE(it.kv_begin, it.kv_end);
+    ASSERT_LE(it.kv_end, kv);
+    if (it.partial_slot >= 0) {
+      ASSERT_LT(it.partial_slot, plan.num_partial_slots());
+      ++slot_uses[size_t(it.partial_slot)];
+    }
+    if (opt.fixed_split_size > 0) ASSERT_LE(it.kv_tokens(), opt.fixed_split_size);
+    if (opt.disable_split_kv) ASSERT_LT(it.partial_slot, 0);
+  }
+  for (size_t s = 0; s < slot_uses.size(); ++s) ASSERT_EQ(slot_uses[s], 1) << "slot " << s;
+
+  // Merge entries: slots in KV order; every slot belongs to exactly one entry.
+  std::vector<int> slot_entry(slot_uses.size(), -1);
+  for (size_t e = 0; e < plan.merges().size(); ++e) {
+    const auto& m = plan.merges()[e];
+    ASSERT_GE(m.num_slots, 2);
+    for (int32_t s = m.slot_begin; s < m.slot_begin + m.num_slots; ++s) {
+      ASSERT_GE(s, 0);
+      ASSERT_LT(s, plan.num_partial_slots());
+      ASSERT_EQ(slot_entry[size_t(s)], -1);
+      slot_entry[size_t(s)] = int(e);
+    }
+  }
+  for (int e : slot_entry) ASSERT_GE(e, 0) << "a partial slot belongs to no merge entry";
+  std::vector<const kvattn::WorkItem*> by_slot(slot_uses.size(), nullptr);
+  for (const auto& it : items)
+    if (it.partial_slot >= 0) by_slot[size_t(it.partial_slot)] = &it;
+  for (const auto& m : plan.merges()) {
+    for (int32_t s = m.slot_begin; s < m.slot_begin + m.num_slots; ++s) {
+      const auto* it = by_slot[size_t(s)];
+      ASSERT_EQ(it->request, m.request);
+      ASSERT_EQ(it->kv_head, m.kv_head);
+      ASSERT_EQ(it->q_begin, m.q_begin);
+      ASSERT_EQ(it->q_end, m.q_end);
+      if (s > m.slot_begin) ASSERT_EQ(by_slot[size_t(s) - 1]->kv_end, it->kv_begin);
+    }
+  }
+
+  // Coverage: every visible (request, head, row, token) exactly once, nothing twice; every
+  // (request, head, row) reaches the output exactly once (a direct item or a merge entry).
+  for (int b = 0; b < B; ++b) {
+    const int32_t qo = batch.qo_len(b), kv = batch.kv_len[size_t(b)];
+    std::vector<uint8_t> cover(size_t(H) * qo * kv, 0);
+    std::vector<uint8_t> outputs(size_t(H) * qo, 0);
+    for (const auto& it : items) {
+      if (it.request != b) continue;
+      for (int32_t i = it.q_begin; i < it.q_end; ++i) {
+        if (it.partial_slot < 0) ++outputs[size_t(it.kv_head) * qo + i];
+        for (int32_t j = it.kv_begin; j < it.kv_end; ++j)
+          ++cover[(size_t(it.kv_head) * qo + i) * kv + j];
+      }
+    }
+    for (const auto& m : plan.merges())
+      if (m.request == b)
+        for (int32_t i = m.q_begin; i < m.q_end; ++i) ++outputs[size_t(m.kv_head) * qo + i];
+    for (int h = 0; h < H; ++h)
+      for (int32_t i = 0; i < qo; ++i) {
+        ASSERT_EQ(outputs[size_t(h) * qo + i], 1) << "request " << b << " head " << h << " row " << i;
+        for (int32_t j = 0; j < kv; ++j) {
+          int c = cover[(size_t(h) * qo + i) * kv + j];
+          if (visible(in, qo, kv, i, j))
+            ASSERT_EQ(c, 1) << "request " << b << " head " << h << " row " << i << " token " << j;
+          else
+            ASSERT_LE(c, 1) << "request " << b << " head " << h << " row " << i << " token " << j;
+        }
+      }
+  }
+
+  // Graph mode: the plan fits the capacity.
+  if (opt.cuda_graph) {
+    EXPECT_TRUE(plan.graph_mode());
+    EXPECT_LE(plan.num_items(), plan.item_capacity());
+    EXPECT_LE(plan.num_merges(), plan.merge_capacity());
+    EXPECT_LE(plan.num_partial_slots(), plan.slot_capacity());
+  }
+  (void)group;
+}
+
+bool same_items(std::span<const kvattn::WorkItem> a, std::span<const kvattn::WorkItem> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto &x = a[i], &y = b[i];
+    if (x.request != y.request || x.kv_head != y.kv_head || x.q_begin != y.q_begin ||
+        x.q_end != y.q_end || x.kv_begin != y.kv_begin || x.kv_end != y.kv_end ||
+        x.worker != y.worker || x.partial_slot != y.partial_slot || x.active != y.active)
+      return false;
+  }
+  return true;
+}
+
+TEST(Planner, PropertiesOverRandomBatches) {
+  std::printf("[ planner  ] %d random batches, seeds %llu + k\n", kPropertyBatches,
+              (unsigned long long)kPropertySeed);
+  kvattn::Planner reused;  // one planner for every batch: buffers reused across shapes
+  int split_plans = 0;
+  for (int k = 0; k < kPropertyBatches; ++k) {
+    const uint64_t seed = kPropertySeed + uint64_t(k);
+    SCOPED_TRACE("batch seed " + std::to_string(seed));
+    Batch batch = random_batch(seed);
+    const kvattn::Plan& plan = reused.plan(batch.inputs, batch.options);
+    ASSERT_NO_FATAL_FAILURE(check_plan(batch, plan));
+    split_plans += plan.num_merges() > 0;
+    // Same inputs, same plan: a fresh planner agrees with the reused one.
+    kvattn::Plan fresh = kvattn::make_plan(batch.inputs, batch.options);
+    ASSERT_TRUE(same_items(fresh.all_items(), plan.all_items()));
+    ASSERT_EQ(fresh.num_merges(), plan.num_merges());
+    for (int64_t e = 0; e < plan.num_merges(); ++e) {
+      const auto &a = fresh.merges()[size_t(e)], &b = plan.merges()[size_t(e)];
+      ASSERT_TRUE(a.request == b.request && a.kv_head == b.kv_head && a.q_begin == b.q_begin &&
+                  a.slot_begin == b.slot_begin && a.num_slots == b.num_slots);
+    }
+  }
+  // The random batches must exercise splitting, not only the trivial plans.
+  EXPECT_GT(split_plans, kPropertyBatches / 20);
+}
+
+// Larger batches (no exhaustive coverage grid): worker lists, greedy bound, slots.
+TEST(Planner, GreedyBoundOnLargeBatches) {
+  for (int k = 0; k < 300; ++k) {
+    const uint64_t seed = kPropertySeed * 7 + uint64_t(k);
+    SCOPED_TRACE("batch seed " + std::to_string(seed));
+    SplitMix64 rng(seed);
+    kvattn::PlannerInputs in;
+    std::vector<int32_t> qo{0}, kv;
+    int B = int(rng.uniform(1, 300));
+    bool decode = rng.uniform(0, 1);
+    for (int b = 0; b < B; ++b) {
+      kv.push_back(int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(1, 40000) : rng.uniform(1, 3000)));
+      qo.push_back(qo.back() + (decode ? 1 : int32_t(rng.uniform(1, 300))));
+    }
+    in.qo_indptr = qo;
+    in.kv_len = kv;
+    in.num_kv_heads = int(std::vector<int>{1, 2, 4, 8, 32}[size_t(rng.uniform(0, 4))]);
+    in.num_qo_heads = in.num_kv_heads * 4;
+    in.head_dim_qk = 128;
+    in.tile = {decode ? 1 : 32, 64};
+    in.causal = !decode;
+    kvattn::SchedulerOptions opt;
+    opt.num_workers = int(rng.uniform(1, 300));
+    kvattn::Plan plan = kvattn::make_plan(in, opt);
+    int64_t total = 0, max_load = 0;
+    for (int w = 0; w < opt.num_workers; ++w) {
+      int64_t load = 0;
+      for (const auto& it : plan.worker_items(w)) load += plan.item_cost(it);
+      total += load;
+      max_load = std::max(max_load, load);
+    }
+    ASSERT_EQ(total, plan.total_cost());
+    ASSERT_EQ(max_load, plan.max_worker_cost());
+    ASSERT_LE(max_load * opt.num_workers, total + plan.largest_item_cost() * opt.num_workers);
+    // Visible work is preserved: KV tokens summed over items.
+    int64_t tokens = 0, expect = 0;
+    for (const auto& it : plan.items()) tokens += it.kv_tokens();
+    for (int b = 0; b < B; ++b) {
+      int32_t q = qo[size_t(b) + 1] - qo[size_t(b)];
+      for (int32_t q0 = 0; q0 < q; q0 += in.tile.query_tokens) {
+        int32_t q1 = std::min(q, q0 + in.tile.query_tokens);
+        expect += std::max<int64_t>(0, std::min<int64_t>(kv[size_t(b)], kv[size_t(b)] - q + q1));
+      }
+    }
+    ASSERT_EQ(tokens, expect * in.num_kv_heads);
+  }
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const kvattn::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+#define EXPECT_ERROR_HAS(expr, text)                                          \
+  do {                                                                        \
+    std::string msg_ = error_of([&] { (void)(expr); });                       \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_;     \
+  } while (0)
+
+TEST(Planner, BadInputsGiveClearErrors) {
+  std::vector<int32_t> qo{0, 1, 2, 3}, kv{10, 20, 30};
+  kvattn::PlannerInputs in;
+  in.qo_indptr = qo;
+  in.kv_len = kv;
+  in.num_qo_heads = 8;
+  in.num_kv_heads = 2;
+  in.head_dim_qk = 128;
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 4;
+  EXPECT_NO_THROW(kvattn::make_plan(in, opt));
+
+  auto o = opt;
+  o.num_workers = 0;
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "num_workers = 0");
+  o.num_workers = -3;
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "num_workers = -3");
+
+  std::vector<int32_t> neg{10, -5, 30};
+  auto i2 = in;
+  i2.kv_len = neg;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "kv_len[1] = -5 is negative");
+
+  std::vector<int32_t> bad_qo{0, 4, 2, 5};
+  i2 = in;
+  i2.qo_indptr = bad_qo;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "qo_indptr[2] = 2 is less than qo_indptr[1] = 4");
+
+  std::vector<int32_t> bad_qo0{1, 2, 3, 4};
+  i2.qo_indptr = bad_qo0;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "qo_indptr[0] = 1");
+
+  std::vector<int32_t> short_kv{1, 2};
+  i2 = in;
+  i2.kv_len = short_kv;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "kv_len has 2 entries but qo_indptr describes 3");
+
+  i2 = in;
+  i2.num_qo_heads = 7;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "num_qo_heads = 7 is not a multiple");
+  i2 = in;
+  i2.tile.query_tokens = 0;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "tile.query_tokens = 0");
+  i2 = in;
+  i2.window_left = -2;
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "window_left = -2");
+
+  o = opt;
+  o.fixed_split_size = -1;
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "fixed_split_size = -1");
+
+  o = opt;
+  o.cuda_graph = kvattn::GraphCapacity{2, 100};
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "batch size 3 exceeds the cuda_graph capacity max_batch = 2");
+  o.cuda_graph = kvattn::GraphCapacity{8, 2};
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "qo_indptr[3] = 3 query tokens exceed the cuda_graph capacity max_tokens = 2");
+  o.cuda_graph = kvattn::GraphCapacity{0, 2};
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "cuda_graph.max_batch = 0");
+
+  // A fixed split that needs more split items than the capacity allows.
+  o = opt;
+  o.cuda_graph = kvattn::GraphCapacity{8, 100, 3};
+  o.fixed_split_size = 1;
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "more than the cuda_graph capacity max_split_items = 3");
+
+  o = opt;
+  o.cost.per_kv_token = -1;
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "per_kv_token = -1");
+}
+
+TEST(Planner, KVLengthsFromFormats) {
+  std::vector<int32_t> indptr{0, 2, 2, 5}, last{3, 0, 16};
+  EXPECT_EQ(kvattn::kv_lengths_paged(indptr, last, 16), (std::vector<int32_t>{19, 0, 48}));
+  std::vector<int32_t> bad_last{0, 0, 16};
+  EXPECT_ERROR_HAS(kvattn::kv_lengths_paged(indptr, bad_last, 16), "kv_last_page_len[0] = 0");
+  EXPECT_EQ(kvattn::kv_lengths_ragged(indptr), (std::vector<int32_t>{2, 0, 3}));
+  EXPECT_EQ(kvattn::kv_lengths_bsr(indptr, 4), (std::vector<int32_t>{8, 0, 12}));
+  std::vector<int32_t> dec{0, 3, 1};
+  EXPECT_ERROR_HAS(kvattn::kv_lengths_ragged(dec), "kv_indptr[2] = 1 is less than kv_indptr[1] = 3");
+}
+
+// ---- splitting and options ----------------------------------------------------------------------
+kvattn::PlannerInputs decode_inputs(const std::vector<int32_t>& qo, const std::vector<int32_t>& kv) {
+  kvattn::PlannerInputs in;
+  in.qo_indptr = qo;
+  in.kv_len = kv;
+  in.num_qo_heads = 32;
+  in.num_kv_heads = 8;
+  in.head_dim_qk = 128;
+  in.tile = {1, 64};
+  return in;
+}
+
+TEST(Planner, SplitsOneLongRequestAcrossWorkers) {
+  std::vector<int32_t> qo{0, 1}, kv{32768};
+  auto in = decode_inputs(qo, kv);
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 132;
+  kvattn::Plan plan = kvattn::make_plan(in, opt);
+  EXPECT_GT(plan.split_size(), 0);
+  EXPECT_GE(plan.num_items(), 120);  // chunks of whole KV tiles: some workers may stay idle
+  EXPECT_EQ(plan.num_merges(), 8);  // one per head
+  EXPECT_LE(plan.max_over_mean(), 1.05);
+  EXPECT_EQ(plan.split_rows(), 32);  // one query token x 32 query heads
+
+  opt.disable_split_kv = true;
+  kvattn::Plan unsplit = kvattn::make_plan(in, opt);
+  EXPECT_EQ(unsplit.num_items(), 8);
+  EXPECT_EQ(unsplit.num_merges(), 0);
+  EXPECT_EQ(unsplit.split_size(), 0);
+}
+
+TEST(Planner, NoSplitWhenTheBatchFillsTheWorkers) {
+  std::vector<int32_t> qo(257), kv(256, 2048);
+  std::iota(qo.begin(), qo.end(), 0);
+  auto in = decode_inputs(qo, kv);
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 132;
+  kvattn::Plan plan = kvattn::make_plan(in, opt);
+  EXPECT_EQ(plan.num_merges(), 0);
+  EXPECT_EQ(plan.num_items(), 256 * 8);
+}
+
+// fixed_split_size: a request's items do not depend on the rest of the batch (batch invariance).
+TEST(Planner, FixedSplitSizeIsBatchInvariant) {
+  std::vector<int32_t> qo1{0, 1}, kv1{1000};
+  std::vector<int32_t> qo2{0, 1, 2, 3}, kv2{1000, 50, 7000};
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 16;
+  opt.fixed_split_size = 256;
+  auto ranges = [](const kvattn::Plan& p, int request) {
+    std::vector<std::array<int32_t, 3>> r;
+    for (const auto& it : p.items())
+      if (it.request == request) r.push_back({it.kv_head, it.kv_begin, it.kv_end});
+    std::sort(r.begin(), r.end());
+    return r;
+  };
+  kvattn::Plan a = kvattn::make_plan(decode_inputs(qo1, kv1), opt);
+  kvattn::Plan b = kvattn::make_plan(decode_inputs(qo2, kv2), opt);
+  EXPECT_EQ(ranges(a, 0), ranges(b, 0));
+  for (const auto& it : a.items()) EXPECT_EQ(it.kv_begin % 256, 0);
+  EXPECT_EQ(ranges(a, 0).size(), 8u * 4);  // ceil(1000 / 256) chunks per head
+}
+
+TEST(Planner, CausalAndWindowShrinkTheKVRange) {
+  std::vector<int32_t> qo{0, 64}, kv{100};
+  kvattn::PlannerInputs in = decode_inputs(qo, kv);
+  in.num_qo_heads = in.num_kv_heads = 1;
+  in.tile = {16, 16};
+  in.causal = true;
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 1;
+  opt.disable_split_kv = true;
+  kvattn::Plan plan = kvattn::make_plan(in, opt);
+  ASSERT_EQ(plan.num_items(), 4);
+  for (const auto& it : plan.items()) {
+    EXPECT_EQ(it.kv_begin, 0);
+    EXPECT_EQ(it.kv_end, 100 - 64 + it.q_end);  // the tile's last row sees up to its position
+  }
+  in.window_left = 10;
+  plan = kvattn::make_plan(in, opt);
+  for (const auto& it : plan.items()) {
+    EXPECT_EQ(it.kv_begin, 100 - 64 + it.q_begin - 10);
+    EXPECT_EQ(it.kv_end, 100 - 64 + it.q_end);
+  }
+  // Rows that see nothing (qo > kv, causal) still get an item with an empty range.
+  std::vector<int32_t> qo2{0, 8}, kv2{0};
+  in.qo_indptr = qo2;
+  in.kv_len = kv2;
+  plan = kvattn::make_plan(in, opt);
+  ASSERT_EQ(plan.num_items(), 1);
+  EXPECT_EQ(plan.items()[0].kv_tokens(), 0);
+}
+
+TEST(Planner, GraphModeReusesFixedBuffers) {
+  kvattn::Planner planner;
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 132;
+  opt.cuda_graph = kvattn::GraphCapacity{256, 256};
+  const kvattn::WorkItem* data = nullptr;
+  int64_t capacity = -1;
+  for (int round = 0; round < 50; ++round) {
+    SplitMix64 rng(uint64_t(round) + 99);
+    int B = int(rng.uniform(1, 256));
+    std::vector<int32_t> qo(size_t(B) + 1), kv(static_cast<size_t>(B));
+    std::iota(qo.begin(), qo.end(), 0);
+    for (auto& x : kv) x = int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(1, 60000) : rng.uniform(1, 2000));
+    const kvattn::Plan& plan = planner.plan(decode_inputs(qo, kv), opt);
+    if (round == 0) {
+      data = plan.all_items().data();
+      capacity = plan.item_capacity();
+    }
+    EXPECT_EQ(plan.all_items().data(), data) << "round " << round;
+    EXPECT_EQ(plan.item_capacity(), capacity);
+    EXPECT_EQ(plan.merge_capacity(), 2 * 132);
+    EXPECT_LE(plan.num_items(), capacity);
+    EXPECT_LE(plan.num_partial_slots(), plan.slot_capacity());
+    for (int64_t i = plan.num_items(); i < capacity; ++i)
+      ASSERT_FALSE(plan.all_items()[size_t(i)].active);
+  }
+  EXPECT_EQ(capacity, 8 * 256 + 2 * 132);
+}
+
+// ---- scheduling quality (the three scenarios, simulated with the cost model) -------------
+struct Scenario {
+  const char* name;
+  std::vector<int32_t> kv;
+};
+
+std::vector<Scenario> scenarios() {
+  return {{"zipf 64 x mean 4k", kvattn::detail::zipf_lengths(64, 4096, 1.0, 1)},
+          {"1 x 32k + 63 x 512", kvattn::detail::one_long_lengths(32768, 63, 512)},
+          {"64 x uniform [512, 16k]", kvattn::detail::uniform_lengths(64, 512, 16384, 1)}};
+}
+
+TEST(Planner, SchedulingQualityOn132Workers) {
+  for (const auto& sc : scenarios()) {
+    std::vector<int32_t> qo(sc.kv.size() + 1);
+    std::iota(qo.begin(), qo.end(), 0);
+    kvattn::SchedulerOptions opt;
+    opt.num_workers = 132;
+    kvattn::Plan plan = kvattn::make_plan(decode_inputs(qo, sc.kv), opt);
+    std::printf("[ planner  ] decode %-24s items %5lld  split %5d  max/mean %.4f\n", sc.name,
+                (long long)plan.num_items(), plan.split_size(), plan.max_over_mean());
+    EXPECT_LE(plan.max_over_mean(), 1.05) << sc.name;
+    // Causal prefill of 512 new tokens per request (append) on the same lengths.
+    std::vector<int32_t> qo_p(sc.kv.size() + 1, 0), kv_p = sc.kv;
+    for (size_t b = 0; b < sc.kv.size(); ++b) {
+      kv_p[b] = std::max(kv_p[b], 512);
+      qo_p[b + 1] = qo_p[b] + 512;
+    }
+    auto in = decode_inputs(qo_p, kv_p);
+    in.tile = {32, 64};
+    in.causal = true;
+    kvattn::Plan pre = kvattn::make_plan(in, opt);
+    std::printf("[ planner  ] append %-24s items %5lld  split %5d  max/mean %.4f\n", sc.name,
+                (long long)pre.num_items(), pre.split_size(), pre.max_over_mean());
+    EXPECT_LE(pre.max_over_mean(), 1.05) << sc.name;
+  }
+}
+
+}  // namespace
