@@ -38,6 +38,5 @@ void register_demo_command(CLI::App& app);
 void register_jit_command(CLI::App& app);
 // `kvattn plan`: apps/plan_command.cpp.
 void register_plan_command(CLI::App& app);
-// `kvattn jit list|precompile`: the built-in kernel presets and the JIT disk cache
-// (apps/jit_command.cpp).
-void register_jit_command(CLI::App& app);
+// `kvattn bench decode`: GPU benchmarks (apps/bench_command.cpp).
+void register_bench_command(CLI::App& app);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   register_info_command(app);
   register_demo_command(app);
   register_jit_command(app);
+  register_bench_command(app);
   // TODO: register_plan_command(app) once apps/plan_command.cpp (being written separately) lands.
 
   try {

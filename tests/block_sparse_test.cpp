@@ -79,7 +79,8 @@ void run_bsr_case(const BsrCase& bc, Rng& rng) {
 TEST(BlockSparse, BlockShapes) {
   const std::array<int64_t, 4> shapes[] = {  // M, N, R, C
       {8, 8, 1, 1}, {13, 29, 1, 1}, {16, 48, 4, 4}, {12, 30, 2, 3}, {32, 32, 16, 1},
-      {16, 64, 16, 16}, {9, 48, 3, 16}, {48, 16, 4, 4}, {4, 96, 4, 32}};
+      {16, 64, 16, 16}, {9, 48, 3, 16}, {48, 16, 4, 4}, {4, 96, 4, 32},
+      {64, 32, 32, 8}, {32, 128, 32, 64}};  // R past a 16-row query tile, C past a 32-key tile
   for (auto [M, N, R, C] : shapes)
     for (double density : {0.3, 1.0}) {
       KVATTN_CASE_RNG(rng);

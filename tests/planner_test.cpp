@@ -8,8 +8,9 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
-#include <span>
+#include <limits>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,8 @@ Batch random_batch(uint64_t seed) {
   const bool decode = rng.uniform(0, 2) == 0;
   for (int i = 0; i < B; ++i) {
     int32_t kv = int32_t(rng.uniform(0, 4) == 0 ? rng.uniform(0, 8) : rng.uniform(0, 220));
-    int32_t qo = decode ? 1 : int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(0, 3) : rng.uniform(0, 28));
+    int32_t qo =
+        decode ? 1 : int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(0, 3) : rng.uniform(0, 28));
     if (!decode && rng.uniform(0, 1) == 0) qo = std::min(qo, kv);  // append: qo <= kv
     b.kv_len.push_back(kv);
     b.qo_indptr.push_back(b.qo_indptr.back() + qo);
@@ -61,16 +63,23 @@ Batch random_batch(uint64_t seed) {
   auto& opt = b.options;
   opt.num_workers = int(rng.uniform(0, 3) == 0 ? rng.uniform(1, 4) : rng.uniform(1, 64));
   switch (rng.uniform(0, 5)) {
-    case 0: opt.disable_split_kv = true; break;
-    case 1: opt.fixed_split_size = int(rng.uniform(1, 80)); break;
-    case 2: opt.cuda_graph = kvattn::GraphCapacity{std::max(B, 1) + int(rng.uniform(0, 4)),
-                                                   b.qo_indptr.back() + rng.uniform(1, 50),
-                                                   int(rng.uniform(-1, 40))};
-            break;
-    default: break;
+    case 0:
+      opt.disable_split_kv = true;
+      break;
+    case 1:
+      opt.fixed_split_size = int(rng.uniform(1, 80));
+      break;
+    case 2:
+      opt.cuda_graph =
+          kvattn::GraphCapacity{std::max(B, 1) + int(rng.uniform(0, 4)),
+                                b.qo_indptr.back() + rng.uniform(1, 50), int(rng.uniform(-1, 40))};
+      break;
+    default:
+      break;
   }
-  if (rng.uniform(0, 3) == 0) opt.cost = {int64_t(rng.uniform(0, 100)), int64_t(rng.uniform(0, 4)),
-                                          int64_t(rng.uniform(1, 3)), int64_t(rng.uniform(0, 8))};
+  if (rng.uniform(0, 3) == 0)
+    opt.cost = {int64_t(rng.uniform(0, 100)), int64_t(rng.uniform(0, 4)),
+                int64_t(rng.uniform(1, 3)), int64_t(rng.uniform(0, 8))};
   b.bind();
   return b;
 }
@@ -101,10 +110,13 @@ void check_plan(const Batch& batch, const kvattn::Plan& plan) {
     ASSERT_EQ(list.data(), items.data() + seen) << "worker " << w << "'s list is not contiguous";
     seen += int64_t(list.size());
     int64_t load = 0;
+    int64_t previous = std::numeric_limits<int64_t>::max();
     for (const auto& it : list) {
       ASSERT_TRUE(it.active);
       ASSERT_EQ(it.worker, w);
       int64_t c = plan.item_cost(it);
+      ASSERT_LE(c, previous) << "worker " << w << " does not run its items longest first";
+      previous = c;
       load += c;
       largest = std::max(largest, c);
     }
@@ -195,7 +207,8 @@ void check_plan(const Batch& batch, const kvattn::Plan& plan) {
         for (int32_t i = m.q_begin; i < m.q_end; ++i) ++outputs[size_t(m.kv_head) * qo + i];
     for (int h = 0; h < H; ++h)
       for (int32_t i = 0; i < qo; ++i) {
-        ASSERT_EQ(outputs[size_t(h) * qo + i], 1) << "request " << b << " head " << h << " row " << i;
+        ASSERT_EQ(outputs[size_t(h) * qo + i], 1)
+            << "request " << b << " head " << h << " row " << i;
         for (int32_t j = 0; j < kv; ++j) {
           int c = cover[(size_t(h) * qo + i) * kv + j];
           if (visible(in, qo, kv, i, j))
@@ -280,8 +293,13 @@ TEST(Planner, GreedyBoundOnLargeBatches) {
     kvattn::Plan plan = kvattn::make_plan(in, opt);
     int64_t total = 0, max_load = 0;
     for (int w = 0; w < opt.num_workers; ++w) {
-      int64_t load = 0;
-      for (const auto& it : plan.worker_items(w)) load += plan.item_cost(it);
+      int64_t load = 0, previous = std::numeric_limits<int64_t>::max();
+      for (const auto& it : plan.worker_items(w)) {
+        const int64_t c = plan.item_cost(it);
+        ASSERT_LE(c, previous) << "worker " << w << " does not run its items longest first";
+        previous = c;
+        load += c;
+      }
       total += load;
       max_load = std::max(max_load, load);
     }
@@ -313,10 +331,10 @@ std::string error_of(Fn&& fn) {
   return "<no error>";
 }
 
-#define EXPECT_ERROR_HAS(expr, text)                                          \
-  do {                                                                        \
-    std::string msg_ = error_of([&] { (void)(expr); });                       \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_;     \
+#define EXPECT_ERROR_HAS(expr, text)                                      \
+  do {                                                                    \
+    std::string msg_ = error_of([&] { (void)(expr); });                   \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
   } while (0)
 
 TEST(Planner, BadInputsGiveClearErrors) {
@@ -372,9 +390,11 @@ TEST(Planner, BadInputsGiveClearErrors) {
 
   o = opt;
   o.cuda_graph = kvattn::GraphCapacity{2, 100};
-  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "batch size 3 exceeds the cuda_graph capacity max_batch = 2");
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o),
+                   "batch size 3 exceeds the cuda_graph capacity max_batch = 2");
   o.cuda_graph = kvattn::GraphCapacity{8, 2};
-  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "qo_indptr[3] = 3 query tokens exceed the cuda_graph capacity max_tokens = 2");
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o),
+                   "qo_indptr[3] = 3 query tokens exceed the cuda_graph capacity max_tokens = 2");
   o.cuda_graph = kvattn::GraphCapacity{0, 2};
   EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "cuda_graph.max_batch = 0");
 
@@ -382,7 +402,8 @@ TEST(Planner, BadInputsGiveClearErrors) {
   o = opt;
   o.cuda_graph = kvattn::GraphCapacity{8, 100, 3};
   o.fixed_split_size = 1;
-  EXPECT_ERROR_HAS(kvattn::make_plan(in, o), "more than the cuda_graph capacity max_split_items = 3");
+  EXPECT_ERROR_HAS(kvattn::make_plan(in, o),
+                   "more than the cuda_graph capacity max_split_items = 3");
 
   o = opt;
   o.cost.per_kv_token = -1;
@@ -397,11 +418,13 @@ TEST(Planner, KVLengthsFromFormats) {
   EXPECT_EQ(kvattn::kv_lengths_ragged(indptr), (std::vector<int32_t>{2, 0, 3}));
   EXPECT_EQ(kvattn::kv_lengths_bsr(indptr, 4), (std::vector<int32_t>{8, 0, 12}));
   std::vector<int32_t> dec{0, 3, 1};
-  EXPECT_ERROR_HAS(kvattn::kv_lengths_ragged(dec), "kv_indptr[2] = 1 is less than kv_indptr[1] = 3");
+  EXPECT_ERROR_HAS(kvattn::kv_lengths_ragged(dec),
+                   "kv_indptr[2] = 1 is less than kv_indptr[1] = 3");
 }
 
 // ---- splitting and options ----------------------------------------------------------------------
-kvattn::PlannerInputs decode_inputs(const std::vector<int32_t>& qo, const std::vector<int32_t>& kv) {
+kvattn::PlannerInputs decode_inputs(const std::vector<int32_t>& qo,
+                                    const std::vector<int32_t>& kv) {
   kvattn::PlannerInputs in;
   in.qo_indptr = qo;
   in.kv_len = kv;
@@ -420,7 +443,7 @@ TEST(Planner, SplitsOneLongRequestAcrossWorkers) {
   kvattn::Plan plan = kvattn::make_plan(in, opt);
   EXPECT_GT(plan.split_size(), 0);
   EXPECT_GE(plan.num_items(), 120);  // chunks of whole KV tiles: some workers may stay idle
-  EXPECT_EQ(plan.num_merges(), 8);  // one per head
+  EXPECT_EQ(plan.num_merges(), 8);   // one per head
   EXPECT_LE(plan.max_over_mean(), 1.05);
   EXPECT_EQ(plan.split_rows(), 32);  // one query token x 32 query heads
 
@@ -505,7 +528,8 @@ TEST(Planner, GraphModeReusesFixedBuffers) {
     int B = int(rng.uniform(1, 256));
     std::vector<int32_t> qo(size_t(B) + 1), kv(static_cast<size_t>(B));
     std::iota(qo.begin(), qo.end(), 0);
-    for (auto& x : kv) x = int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(1, 60000) : rng.uniform(1, 2000));
+    for (auto& x : kv)
+      x = int32_t(rng.uniform(0, 3) == 0 ? rng.uniform(1, 60000) : rng.uniform(1, 2000));
     const kvattn::Plan& plan = planner.plan(decode_inputs(qo, kv), opt);
     if (round == 0) {
       data = plan.all_items().data();
@@ -518,11 +542,20 @@ TEST(Planner, GraphModeReusesFixedBuffers) {
     EXPECT_LE(plan.num_partial_slots(), plan.slot_capacity());
     for (int64_t i = plan.num_items(); i < capacity; ++i)
       ASSERT_FALSE(plan.all_items()[size_t(i)].active);
+    ASSERT_EQ(plan.worker_begin().size(), 133u);
+    ASSERT_EQ(plan.worker_begin().back(), plan.num_items());
+    // The merge table has its fixed capacity; unused entries are marked request = -1.
+    const kvattn::MergeEntry* table = plan.merges().data();
+    for (int64_t e = plan.num_merges(); e < plan.merge_capacity(); ++e) {
+      ASSERT_EQ(table[e].request, -1);
+      ASSERT_EQ(table[e].num_slots, 0);
+    }
   }
   EXPECT_EQ(capacity, 8 * 256 + 2 * 132);
 }
 
-// ---- scheduling quality (the three scenarios, simulated with the cost model) -------------
+// ---- scheduling quality (the three scenarios, simulated with the cost model)
+// -------------
 struct Scenario {
   const char* name;
   std::vector<int32_t> kv;

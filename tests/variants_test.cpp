@@ -56,7 +56,7 @@ TEST(Variants, Causal) {
 }
 
 TEST(Variants, SlidingWindow) {
-  for (int w : {0, 1, 5, 16, 100})
+  for (int w : {0, 1, 5, 16, 100, 1 << 30})
     for (bool causal : {true, false}) {
       KVATTN_CASE_RNG(rng);
       run_everywhere(variants::sliding_window(w, causal), rng);
@@ -107,7 +107,7 @@ TEST(Variants, CustomMask) {
 }
 
 TEST(Variants, SmScale) {
-  for (float s : {0.05f, 0.3f, 1.0f}) {
+  for (float s : {0.0f, 0.05f, 0.3f, 1.0f, -0.4f}) {
     KVATTN_CASE_RNG(rng);
     run_everywhere(Variant{}.with_sm_scale(s).with_causal(), rng);
   }
@@ -115,7 +115,7 @@ TEST(Variants, SmScale) {
 
 TEST(Variants, Fp8Scales) {
   for (DType kv : {DType::e4m3, DType::e5m2})
-    for (auto [qs, ks, vs] : {std::tuple{1.0f, 0.5f, 2.0f}, {0.25f, 3.0f, 0.125f}, {2.0f, 1.0f, 1.0f}}) {
+    for (auto [qs, ks, vs] : {std::tuple{1.0f, 0.5f, 2.0f}, {0.25f, 3.0f, 0.125f}, {2.0f, 1.0f, -0.5f}}) {
       KVATTN_CASE_RNG(rng);
       run_everywhere(Variant{}.with_scales(qs, ks, vs).with_causal(), rng, 8, 2, 64, kv);
     }
@@ -131,6 +131,21 @@ TEST(Variants, Rope) {
       KVATTN_CASE_RNG(rng);
       run_everywhere(variants::rope(r).with_causal(), rng, 4, 1, dqk);
     }
+  // RoPE rotates the qk head dim only; v and out keep their own (different) head dim.
+  for (auto [dqk, dvo] : {std::pair{192, 128}, {64, 128}}) {
+    KVATTN_CASE_RNG(rng);
+    AttnCase c;
+    c.lens = {{3, 19}, {1, 7}};
+    c.num_qo_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim_qk = dqk;
+    c.head_dim_vo = dvo;
+    c.q_dtype = DType::bf16;
+    c.variant = variants::rope(rope_cfg(2, 1e4f, dqk == 64, dqk == 192)).with_causal();
+    c.store = KVStore::paged;
+    c.page_size = 3;
+    run_prefill_case(c, rng);
+  }
 }
 
 TEST(Variants, RopeAtLongPositions) {
@@ -172,7 +187,8 @@ TEST(Variants, Combinations) {
       variants::sliding_window(4).with_rope(rope_cfg(1, 1e4f, true, true)).with_sm_scale(0.2f),
       variants::soft_cap(10.0f).with_alibi(),
       variants::sigmoid(-1.0f).with_causal().with_alibi().with_rope().with_window(9),
-      Variant{}.with_scales(0.5f, 1.5f, 0.75f).with_causal().with_soft_cap(8.0f).with_rope()};
+      Variant{}.with_scales(0.5f, 1.5f, 0.75f).with_causal().with_soft_cap(8.0f).with_rope(),
+      variants::sigmoid(0.3f).with_scales(0.5f, 2.0f, 1.5f).with_soft_cap(2.0f)};
   for (const auto& var : combos) {
     KVATTN_CASE_RNG(rng);
     run_everywhere(var, rng, 8, 2, 32, var.k_scale != 1 ? DType::e4m3 : DType::bf16);

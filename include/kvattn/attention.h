@@ -8,6 +8,7 @@
 
 #include "kvattn/dtype.h"
 #include "kvattn/formats.h"
+#include "kvattn/plan.h"
 #include "kvattn/tensor.h"
 #include "kvattn/variant.h"
 
@@ -23,6 +24,8 @@ struct AttentionShape {
   std::optional<DType> kv_dtype;  // default: q_dtype
   std::optional<DType> o_dtype;   // default: q_dtype
   Variant variant{};
+  // How plan() splits and assigns the work (workers, fixed split size, CUDA-graph capacity).
+  SchedulerOptions scheduler{};
 };
 
 namespace detail {
@@ -44,7 +47,9 @@ class BatchDecode {
   BatchDecode(BatchDecode&&) noexcept;
   BatchDecode& operator=(BatchDecode&&) noexcept;
 
-  void plan(const BatchDecodePlan& params);
+  // With a CUDA workspace, plan() stages the work list and page table into it on `stream` (a
+  // cudaStream_t; null: the default stream) and run() only launches.
+  void plan(const BatchDecodePlan& params, void* stream = nullptr);
   // lse is optional ([B, Hq] f32, base 2). stream: a cudaStream_t for CUDA tensors, else ignored.
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;

@@ -56,15 +56,15 @@ struct TileShape {
 // slots then have fixed sizes (derived from the capacity; see Plan::item_capacity()); padding
 // items are inactive, and a re-plan with new lengths rewrites the same buffers.
 struct GraphCapacity {
-  int32_t max_batch = 0;     // requests
-  int64_t max_tokens = 0;    // query tokens, all requests together
+  int32_t max_batch = 0;         // requests
+  int64_t max_tokens = 0;        // query tokens, all requests together
   int32_t max_split_items = -1;  // items that splitting may add; -1: 2 x num_workers
 };
 
 struct SchedulerOptions {
-  int num_workers = 0;              // 0: the backend's default (CPU: its thread count)
-  int fixed_split_size = 0;         // > 0: KV chunks of exactly this many tokens (batch-invariant)
-  bool disable_split_kv = false;    // one chunk per (request, head, query tile) (batch-invariant)
+  int num_workers = 0;            // 0: the backend's default (CPU: its thread count)
+  int fixed_split_size = 0;       // > 0: KV chunks of exactly this many tokens (batch-invariant)
+  bool disable_split_kv = false;  // one chunk per (request, head, query tile) (batch-invariant)
   std::optional<GraphCapacity> cuda_graph;
   CostModel cost{};
 };
@@ -76,12 +76,12 @@ struct PlannerInputs {
   int num_qo_heads = 0;
   int num_kv_heads = 0;
   int head_dim_qk = 0;
-  int head_dim_vo = 0;                 // 0: head_dim_qk
+  int head_dim_vo = 0;  // 0: head_dim_qk
   TileShape tile{};
   // Masks that shrink the KV range each query tile can see (positions aligned bottom-right). Leave
   // them off when KV indices are not positions (block-sparse) or the mask is arbitrary (custom).
   bool causal = false;
-  int window_left = -1;                // -1: no sliding window
+  int window_left = -1;  // -1: no sliding window
 };
 
 // One piece of work: query rows [q_begin, q_end) of `request` (for the query heads of kv_head)
@@ -92,10 +92,10 @@ struct WorkItem {
   int32_t request = 0;
   int16_t kv_head = 0;
   bool active = false;
-  uint8_t reserved = 0;       // zero (keeps the record free of undefined padding)
+  uint8_t reserved = 0;  // zero (keeps the record free of undefined padding)
   int32_t q_begin = 0, q_end = 0;
   int32_t kv_begin = 0, kv_end = 0;
-  int32_t worker = -1;        // -1 for inactive padding
+  int32_t worker = -1;  // -1 for inactive padding
   int32_t partial_slot = -1;
 
   int32_t q_rows() const { return q_end - q_begin; }
@@ -105,8 +105,9 @@ static_assert(sizeof(WorkItem) == 32, "WorkItem is one 32-byte record (host and 
 
 // One split row group: the partial states in slots [slot_begin, slot_begin + num_slots) (in KV
 // order) fold, in that order, into query rows [q_begin, q_end) of `request`, heads of kv_head.
+// request = -1 (and num_slots = 0) marks an unused entry of a CUDA-graph plan's fixed table.
 struct MergeEntry {
-  int32_t request = 0;
+  int32_t request = -1;
   int32_t kv_head = 0;
   int32_t q_begin = 0, q_end = 0;
   int32_t slot_begin = 0;
@@ -127,6 +128,9 @@ class Plan {
   }
   // The merge table of split rows (active entries; graph mode keeps a fixed-capacity buffer).
   std::span<const MergeEntry> merges() const { return {merges_.data(), size_t(num_merges_)}; }
+  // [workers + 1]: worker w's items are [worker_begin()[w], worker_begin()[w + 1]) of all_items()
+  // (int32, ready to copy to the device as the CTAs' work ranges).
+  std::span<const int32_t> worker_begin() const { return worker_begin_; }
   // Cost of each worker's items under the plan's cost model.
   std::span<const int64_t> worker_costs() const { return worker_cost_; }
 
@@ -172,7 +176,7 @@ class Plan {
  private:
   friend class Planner;
   std::vector<WorkItem> items_;
-  std::vector<int64_t> worker_begin_;  // [workers + 1] into items_
+  std::vector<int32_t> worker_begin_;  // [workers + 1] into items_
   std::vector<int64_t> worker_cost_;
   std::vector<MergeEntry> merges_;
   int64_t num_items_ = 0, num_merges_ = 0, num_slots_ = 0, slot_capacity_ = 0;

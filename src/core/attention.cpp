@@ -84,9 +84,9 @@ void check_rows_tensor(const char* name, const TensorView& t, DType dtype, const
   KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
 }
 
-// Checks q, out and lse against the plan and fills the query/output part of the problem.
-cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
-                                 const TensorView& out, const TensorView& lse) {
+// Checks q, out and lse against the plan (any device).
+void check_query_output(const AttentionPlan& plan, const TensorView& q, const TensorView& out,
+                        const TensorView& lse) {
   const auto& s = plan.shape;
   int64_t rows = plan.total_q_rows();
   const char* rows_what = plan.is_decode                     ? "batch_size"
@@ -105,7 +105,14 @@ cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
     validate::same_device("lse", lse, q.device(), "q");
     KVATTN_CHECK(lse.numel() == 0 || lse.data() != nullptr, "lse has a null data pointer");
   }
+}
+
+// Checks q, out and lse against the plan and fills the query/output part of the CPU problem.
+cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
+                                 const TensorView& out, const TensorView& lse) {
+  check_query_output(plan, q, out, lse);
   check_backend(q);
+  const auto& s = plan.shape;
   cpu::EngineProblem p;
   p.num_qo_heads = s.num_qo_heads;
   p.num_kv_heads = s.num_kv_heads;
@@ -192,6 +199,75 @@ void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, int64_t ba
   plan.qo_indptr.assign(ind.begin(), ind.end());
 }
 
+
+// ---- GPU decode -------------------------------------------------------------------------------
+void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
+                     const SchedulerOptions& scheduler, void* stream) {
+#if KVATTN_WITH_CUDA
+  validate::ndim("workspace", workspace, 1);
+  KVATTN_CHECK(workspace.is_contiguous() && workspace.data() != nullptr,
+               "workspace must be a contiguous, non-null buffer, got ", workspace.describe());
+  plan.gpu_decode = previous && previous->gpu_decode ? previous->gpu_decode
+                                                     : std::make_shared<cuda::DecodeRunner>();
+  std::vector<int32_t> kv_len(plan.kv_len.begin(), plan.kv_len.end());
+  cuda::DecodeProblem pr;
+  const auto& s = plan.shape;
+  pr.num_qo_heads = s.num_qo_heads;
+  pr.num_kv_heads = s.num_kv_heads;
+  pr.head_dim_qk = s.head_dim_qk;
+  pr.head_dim_vo = s.head_dim_vo;
+  pr.page_size = plan.page_size;
+  pr.q_dtype = s.q_dtype;
+  pr.kv_dtype = s.kv_dtype;
+  pr.o_dtype = s.o_dtype;
+  pr.variant = plan.variant;
+  pr.kv_indptr = plan.kv_indptr;
+  pr.kv_indices = plan.kv_indices;
+  pr.kv_last_page_len = plan.last_page_len;
+  pr.kv_len = kv_len;
+  pr.scheduler = scheduler;
+  plan.gpu_decode->plan(pr, workspace.data(), workspace.numel() * int64_t(dtype_size(workspace.dtype())),
+                        workspace.device().index, static_cast<cudaStream_t>(stream));
+#else
+  (void)plan; (void)previous; (void)scheduler; (void)stream;
+  detail::throw_error("the workspace is on ", workspace.device().str(),
+                      " but this build of kvattn has no CUDA backend");
+#endif
+}
+
+void run_decode_gpu(const AttentionPlan& plan, const TensorView& q, const PagedKVCache& kv,
+                    KVLayout layout, const TensorView& out, const TensorView& lse, void* stream) {
+  check_query_output(plan, q, out, lse);
+  check_paged_cache(plan, kv, layout, q.device());
+#if KVATTN_WITH_CUDA
+  KVATTN_CHECK(plan.gpu_decode != nullptr, "q is on ", q.device().str(),
+               " but BatchDecode was planned for the CPU (give it a CUDA workspace)");
+  cuda::DecodeTensors t{};
+  t.q = q.data();
+  t.q_stride_n = q.stride(0);
+  t.q_stride_h = q.stride(1);
+  t.o = out.data();
+  t.o_stride_n = out.stride(0);
+  t.o_stride_h = out.stride(1);
+  if (lse.defined()) {
+    t.lse = lse.data_as<float>();
+    t.lse_stride_n = lse.stride(0);
+    t.lse_stride_h = lse.stride(1);
+  }
+  t.k = kv.k.data();
+  t.v = kv.v.data();
+  t.k_stride_page = kv.k.stride(0);
+  t.k_stride_token = kv.k_token_stride();
+  t.k_stride_head = kv.k_head_stride();
+  t.v_stride_page = kv.v.stride(0);
+  t.v_stride_token = kv.v_token_stride();
+  t.v_stride_head = kv.v_head_stride();
+  plan.gpu_decode->run(t, static_cast<cudaStream_t>(stream));
+#else
+  (void)stream;
+  check_backend(q);
+#endif
+}
 }  // namespace
 
 // ---- BatchDecode --------------------------------------------------------------------------------
@@ -201,7 +277,7 @@ BatchDecode::~BatchDecode() = default;
 BatchDecode::BatchDecode(BatchDecode&&) noexcept = default;
 BatchDecode& BatchDecode::operator=(BatchDecode&&) noexcept = default;
 
-void BatchDecode::plan(const BatchDecodePlan& params) {
+void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::paged;
   plan->is_decode = true;
@@ -212,12 +288,18 @@ void BatchDecode::plan(const BatchDecodePlan& params) {
   plan_page_table(*plan, params.page_table, params.page_size);
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
+  if (workspace_.defined() && !workspace_.device().is_cpu())
+    plan_decode_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
   plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, void* stream) const {
   check_plan(plan_, "BatchDecode");
+  if (!q.device().is_cpu()) {
+    run_decode_gpu(*plan_, q, kv, kv_layout_, out, lse, stream);
+    return;
+  }
   cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
   check_paged_cache(*plan_, kv, kv_layout_, q.device());
   add_paged_segments(*plan_, kv, p);

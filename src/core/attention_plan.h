@@ -8,6 +8,12 @@
 #include "kernels/variants/params.cuh"
 #include "kvattn/attention.h"
 
+#if KVATTN_WITH_CUDA
+#include <memory>
+
+#include "cuda/decode_runner.h"
+#endif
+
 namespace kvattn::detail {
 
 enum class KVKind : uint8_t { paged, ragged, block_sparse };
@@ -38,6 +44,10 @@ struct AttentionPlan {
   std::vector<int32_t> mask_indptr;
   int64_t bsr_M = 0, bsr_N = 0, bsr_R = 1, bsr_C = 1;
   int64_t max_page_index = -1;         // largest page id referenced (checked against the cache)
+#if KVATTN_WITH_CUDA
+  // The GPU side of a decode plan (kept across plans: graph mode reuses its buffers).
+  std::shared_ptr<cuda::DecodeRunner> gpu_decode;
+#endif
 
   int64_t batch_size() const { return int64_t(qo_indptr.size()) - 1; }
   int64_t total_q_rows() const { return qo_indptr.back(); }

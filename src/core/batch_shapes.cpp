@@ -36,8 +36,8 @@ std::vector<int32_t> zipf_lengths(int n, double mean, double exponent, uint64_t 
 
 std::vector<int32_t> one_long_lengths(int32_t long_len, int n_short, int32_t short_len) {
   KVATTN_CHECK(long_len >= 0 && short_len >= 0 && n_short >= 0,
-               "one-long-many-short lengths must be >= 0 (long = ", long_len, ", short = ",
-               short_len, ", count = ", n_short, ")");
+               "one-long-many-short lengths must be >= 0 (long = ", long_len,
+               ", short = ", short_len, ", count = ", n_short, ")");
   std::vector<int32_t> v(size_t(n_short) + 1, short_len);
   v[0] = long_len;
   return v;

@@ -19,9 +19,7 @@ struct SplitMix64 {
     return z ^ (z >> 31);
   }
   // Uniform in [lo, hi] (inclusive).
-  int64_t uniform(int64_t lo, int64_t hi) {
-    return lo + int64_t(next() % uint64_t(hi - lo + 1));
-  }
+  int64_t uniform(int64_t lo, int64_t hi) { return lo + int64_t(next() % uint64_t(hi - lo + 1)); }
   double unit() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
 };
 

@@ -8,17 +8,14 @@
 //             the worker ranges, the merge table and the worker costs.
 // All buffers live in Planner::Scratch and the Plan, and are reused from one plan() to the next:
 // after the first call a plan of the same size or smaller allocates nothing.
-#include "kvattn/plan.h"
-
 #include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <limits>
 #include <numeric>
-#include <cstdio>
-#include <cstdlib>
 
 #include "kvattn/error.h"
+#include "kvattn/plan.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -110,6 +107,7 @@ struct Problem {
 constexpr int kWorkerBits = 20;
 constexpr int64_t kMaxWorkers = (int64_t(1) << kWorkerBits) - 1;
 constexpr int64_t kMaxLoad = (int64_t(1) << (63 - kWorkerBits)) - 1;
+constexpr uint64_t kWorkerMask = (uint64_t(1) << kWorkerBits) - 1;
 
 struct WorkerTree {
   std::vector<uint64_t> node;
@@ -123,21 +121,12 @@ struct WorkerTree {
   }
   int32_t top() const { return int32_t(node[1] & ((uint64_t(1) << kWorkerBits) - 1)); }
   int64_t load(size_t w) const { return int64_t(node[leaves + w] >> kWorkerBits); }
-  // Adds `cost` to the least-loaded worker and returns that worker. The root's key is the leaf's
-  // key, so neither is read back from memory; the path's new minimum stays in a register and only
-  // the siblings are loaded (their addresses are known at once, so the loads overlap).
-  int32_t add_to_top(int64_t cost) {
-    const uint64_t root = node[1];
-    const int32_t w = int32_t(root & ((uint64_t(1) << kWorkerBits) - 1));
-    size_t i = leaves + size_t(w);
-    uint64_t v = root + (uint64_t(cost) << kWorkerBits);
-    node[i] = v;
-    for (; i > 1; i >>= 1) {
-      v = std::min(v, node[i ^ 1]);
-      node[i >> 1] = v;
-    }
-    return w;
-  }
+};
+
+// A split-size candidate's lower bound on its makespan.
+struct Bound {
+  int64_t bound;
+  int32_t k;
 };
 
 }  // namespace
@@ -149,9 +138,10 @@ struct Planner::Scratch {
   std::vector<uint64_t> keys;
   std::vector<uint32_t> radix_count;
   std::vector<int32_t> candidates;
-  std::vector<int64_t> cursor;
-  std::vector<int32_t> slot_base;  // per group: first slot of head 0, or -1 when not split
-  std::vector<int32_t> merge_base; // per group: first merge entry of head 0
+  std::vector<Bound> bounds;
+  std::vector<int32_t> cursor;
+  std::vector<int32_t> slot_base;   // per group: first slot of head 0, or -1 when not split
+  std::vector<int32_t> merge_base;  // per group: first merge entry of head 0
   WorkerTree tree;
   Schedule trial, best;
 };
@@ -174,8 +164,8 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
   KVATTN_CHECK(opt.num_workers <= kMaxWorkers, "num_workers = ", opt.num_workers,
                " exceeds the planner's limit of ", kMaxWorkers);
   KVATTN_CHECK(in.num_qo_heads >= 1, "num_qo_heads = ", in.num_qo_heads, " must be >= 1");
-  KVATTN_CHECK(in.num_kv_heads >= 1 && in.num_kv_heads <= 32767, "num_kv_heads = ",
-               in.num_kv_heads, " is out of range [1, 32767]");
+  KVATTN_CHECK(in.num_kv_heads >= 1 && in.num_kv_heads <= 32767, "num_kv_heads = ", in.num_kv_heads,
+               " is out of range [1, 32767]");
   KVATTN_CHECK(in.num_qo_heads % in.num_kv_heads == 0, "num_qo_heads = ", in.num_qo_heads,
                " is not a multiple of num_kv_heads = ", in.num_kv_heads);
   KVATTN_CHECK(in.head_dim_qk >= 1, "head_dim_qk = ", in.head_dim_qk, " must be >= 1");
@@ -189,11 +179,11 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
   KVATTN_CHECK(opt.fixed_split_size >= 0, "fixed_split_size = ", opt.fixed_split_size,
                " must be >= 0 (0: chosen by the planner)");
   const CostModel& c = opt.cost;
-  KVATTN_CHECK(c.per_item >= 0 && c.per_query_row >= 0 && c.per_kv_token >= 0 &&
-                   c.per_partial_row >= 0,
-               "cost model coefficients must be >= 0 (per_item = ", c.per_item,
-               ", per_query_row = ", c.per_query_row, ", per_kv_token = ", c.per_kv_token,
-               ", per_partial_row = ", c.per_partial_row, ")");
+  KVATTN_CHECK(
+      c.per_item >= 0 && c.per_query_row >= 0 && c.per_kv_token >= 0 && c.per_partial_row >= 0,
+      "cost model coefficients must be >= 0 (per_item = ", c.per_item,
+      ", per_query_row = ", c.per_query_row, ", per_kv_token = ", c.per_kv_token,
+      ", per_partial_row = ", c.per_partial_row, ")");
   KVATTN_CHECK(c.per_item + c.per_query_row + c.per_kv_token > 0,
                "cost model: per_item, per_query_row and per_kv_token are all 0");
   KVATTN_CHECK(!in.qo_indptr.empty(), "qo_indptr is empty; it needs batch_size + 1 entries");
@@ -203,8 +193,9 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
                " entries but qo_indptr describes ", B, " requests");
   for (int64_t b = 0; b < B; ++b) {
     KVATTN_CHECK(in.qo_indptr[size_t(b + 1)] >= in.qo_indptr[size_t(b)], "qo_indptr[", b + 1,
-                 "] = ", in.qo_indptr[size_t(b + 1)], " is less than qo_indptr[", b, "] = ",
-                 in.qo_indptr[size_t(b)], " (request ", b, " would have a negative query length)");
+                 "] = ", in.qo_indptr[size_t(b + 1)], " is less than qo_indptr[", b,
+                 "] = ", in.qo_indptr[size_t(b)], " (request ", b,
+                 " would have a negative query length)");
     KVATTN_CHECK(in.kv_len[size_t(b)] >= 0, "kv_len[", b, "] = ", in.kv_len[size_t(b)],
                  " is negative");
   }
@@ -214,45 +205,53 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
     KVATTN_CHECK(g.max_tokens >= 1, "cuda_graph.max_tokens = ", g.max_tokens, " must be >= 1");
     KVATTN_CHECK(g.max_split_items >= -1, "cuda_graph.max_split_items = ", g.max_split_items,
                  " must be >= 0 (or -1 for 2 x num_workers)");
-    KVATTN_CHECK(B <= g.max_batch, "batch size ", B, " exceeds the cuda_graph capacity max_batch = ",
-                 g.max_batch);
+    KVATTN_CHECK(B <= g.max_batch, "batch size ", B,
+                 " exceeds the cuda_graph capacity max_batch = ", g.max_batch);
     KVATTN_CHECK(in.qo_indptr.back() <= g.max_tokens, "qo_indptr[", B, "] = ", in.qo_indptr.back(),
                  " query tokens exceed the cuda_graph capacity max_tokens = ", g.max_tokens);
   }
 }
 
-// Indices 0..n-1 ordered by keys[i] ascending, ties by index: a stable LSD radix sort, 8 or 11
-// bits per pass (std::sort for short lists).
+// Indices 0..n-1 ordered by keys[i] ascending, ties by index: a stable LSD radix sort in the
+// fewest passes of at most 11 bits (std::sort for short lists).
 void radix_order(std::vector<int32_t>& order, std::vector<int32_t>& tmp,
                  const std::vector<uint64_t>& keys, std::vector<uint32_t>& count) {
   const size_t n = keys.size();
   order.resize(n);
   std::iota(order.begin(), order.end(), 0);
-  if (n < 2) return;
   uint64_t max_key = 0;
   for (uint64_t k : keys) max_key = std::max(max_key, k);
+  if (n < 2 || max_key == 0) return;
   if (n < 256) {
     std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       return keys[size_t(a)] < keys[size_t(b)] || (keys[size_t(a)] == keys[size_t(b)] && a < b);
     });
     return;
   }
-  const int bits = n < 4096 ? 8 : 11;
-  const uint64_t mask = (uint64_t(1) << bits) - 1;
-  tmp.resize(n);
-  count.resize(size_t(1) << bits);
-  for (int shift = 0; shift < 64 && (max_key >> shift) != 0; shift += bits) {
-    std::fill(count.begin(), count.end(), 0u);
-    for (size_t i = 0; i < n; ++i) ++count[(keys[size_t(order[i])] >> shift) & mask];
+  const int key_bits = std::bit_width(max_key);
+  const int passes = (key_bits + 10) / 11;
+  const int bits = (key_bits + passes - 1) / passes;
+  const size_t buckets = size_t(1) << bits;
+  const uint64_t mask = buckets - 1;
+  // Every pass's histogram in one sweep (counts do not depend on the order), then offsets.
+  count.assign(buckets * size_t(passes), 0u);
+  for (uint64_t k : keys)
+    for (int p = 0; p < passes; ++p) ++count[size_t(p) * buckets + ((k >> (p * bits)) & mask)];
+  for (int p = 0; p < passes; ++p) {
     uint32_t sum = 0;
-    for (uint32_t& c : count) {
-      uint32_t x = c;
+    for (size_t b = 0; b < buckets; ++b) {
+      uint32_t& c = count[size_t(p) * buckets + b];
+      const uint32_t x = c;
       c = sum;
       sum += x;
     }
+  }
+  tmp.resize(n);
+  for (int p = 0; p < passes; ++p) {
+    uint32_t* offset = count.data() + size_t(p) * buckets;
     for (size_t i = 0; i < n; ++i) {
       const int32_t g = order[i];
-      tmp[count[(keys[size_t(g)] >> shift) & mask]++] = g;
+      tmp[offset[(keys[size_t(g)] >> (p * bits)) & mask]++] = g;
     }
     order.swap(tmp);
   }
@@ -307,8 +306,23 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
   tree.reset(n);
   s.assigns.resize(size_t(num_items) * size_t(pb.slice_heads));
   Assign* out = s.assigns.data();
+  uint64_t* const node = tree.node.data();
+  const size_t leaves = tree.leaves;
+  uint64_t root = node[1];
   auto place = [&](int32_t group, int32_t chunk, int64_t cost) {
-    for (int h = 0; h < pb.slice_heads; ++h) *out++ = {group, chunk, h, tree.add_to_top(cost)};
+    for (int h = 0; h < pb.slice_heads; ++h) {
+      // tree.add_to_top(cost), with the root kept in a register between placements.
+      const int32_t w = int32_t(root & kWorkerMask);
+      size_t i = leaves + size_t(w);
+      uint64_t v = root + (uint64_t(cost) << kWorkerBits);
+      node[i] = v;
+      for (; i > 1; i >>= 1) {
+        v = std::min(v, node[i ^ 1]);
+        node[i >> 1] = v;
+      }
+      root = v;
+      *out++ = {group, chunk, h, w};
+    }
   };
   // Merge the unsplit groups (already in order) with the split chunks, longest first; on equal
   // cost the lower group index goes first.
@@ -329,7 +343,8 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
       place(gi, 0, groups[size_t(gi)].cost);
     } else {
       const Class& c = s.classes[ci++];
-      for (int32_t chunk = c.chunk_begin; chunk < c.chunk_end; ++chunk) place(c.group, chunk, c.cost);
+      for (int32_t chunk = c.chunk_begin; chunk < c.chunk_end; ++chunk)
+        place(c.group, chunk, c.cost);
     }
   }
   s.loads.resize(n);
@@ -338,7 +353,6 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
     s.loads[w] = tree.load(w);
     s.makespan = std::max(s.makespan, s.loads[w]);
   }
-  if (getenv("KVATTN_PLAN_DEBUG")) fprintf(stderr, "schedule S=%d makespan %lld ratio %.4f items %zu\n", split, (long long)s.makespan, double(s.makespan) * n / s.total, s.assigns.size());
 }
 
 // Cost estimate of one slice for a split size (no scheduling): the cut groups one by one, the
@@ -384,8 +398,7 @@ void replicate_slice(WorkItem* dst, const WorkItem* src, int64_t n, int16_t dh, 
     const __m128i* in = reinterpret_cast<const __m128i*>(src + i);
     __m128i lo = _mm_loadu_si128(in), hi = _mm_loadu_si128(in + 1);
     lo = _mm_add_epi32(lo, add_lo);
-    hi = _mm_add_epi32(_mm_add_epi32(hi, add_w),
-                       _mm_and_si128(add_s, _mm_cmpgt_epi32(hi, minus1)));
+    hi = _mm_add_epi32(_mm_add_epi32(hi, add_w), _mm_and_si128(add_s, _mm_cmpgt_epi32(hi, minus1)));
     __m128i* out = reinterpret_cast<__m128i*>(dst + i);
     _mm_storeu_si128(out, lo);
     _mm_storeu_si128(out + 1, hi);
@@ -424,13 +437,13 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     for (int64_t q0 = 0; q0 < qo; q0 += T) {
       const int64_t q1 = std::min<int64_t>(qo, q0 + T);
       int64_t v0 = 0, v1 = kv;
-      if (in.causal) v1 = std::min<int64_t>(kv, kv - qo + q1);      // last row sees < p + 1
+      if (in.causal) v1 = std::min<int64_t>(kv, kv - qo + q1);  // last row sees < p + 1
       if (in.window_left >= 0) v0 = std::max<int64_t>(0, kv - qo + q0 - in.window_left);
-      if (v1 <= v0) v0 = v1 = 0;                                     // nothing visible
+      if (v1 <= v0) v0 = v1 = 0;  // nothing visible
       const int64_t rows = (q1 - q0) * group_size;
       const int64_t cost = cm.per_item + cm.per_query_row * rows + cm.per_kv_token * (v1 - v0);
-      sc.groups.push_back({int32_t(b), int32_t(q0), int32_t(q1), int32_t(v0), int32_t(v1),
-                           int32_t(rows), cost});
+      sc.groups.push_back(
+          {int32_t(b), int32_t(q0), int32_t(q1), int32_t(v0), int32_t(v1), int32_t(rows), cost});
       max_len = std::max(max_len, v1 - v0);
     }
   }
@@ -479,16 +492,16 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   if (opt.cuda_graph) {
     const GraphCapacity& g = *opt.cuda_graph;
     // Query tiles: each has >= 1 token, and sum ceil(q_b / T) <= (tokens + batch (T - 1)) / T.
-    int64_t max_tiles = std::min<int64_t>(g.max_tokens, (g.max_tokens + int64_t(g.max_batch) *
-                                                         (T - 1)) / T);
+    int64_t max_tiles =
+        std::min<int64_t>(g.max_tokens, (g.max_tokens + int64_t(g.max_batch) * (T - 1)) / T);
     split_budget = g.max_split_items < 0 ? 2 * int64_t(W) : g.max_split_items;
     item_cap = int64_t(H) * max_tiles + split_budget;
   }
   const int64_t unsplit_items = int64_t(sc.groups.size()) * H;
 
   // ---- split size ----------------------------------------------------------------------------
-  const Problem pb{&sc.groups,      &sc.order,     &sc.by_len,   &sc.suffix_cost,
-                   &sc.suffix_max, align,         slice_heads,  slice_workers, cm};
+  const Problem pb{&sc.groups,  &sc.order,     &sc.by_len, &sc.suffix_cost, &sc.suffix_max, align,
+                   slice_heads, slice_workers, cm};
   auto est = [&](int32_t split) {
     if (split >= max_len)
       return Estimate{unsplit_total * slice_heads, max_cost, int64_t(G) * slice_heads};
@@ -502,11 +515,10 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     schedule(sc.best, sc.tree, pb, kNoSplit, true);
   } else if (opt.fixed_split_size > 0) {
     schedule(sc.best, sc.tree, pb, opt.fixed_split_size, false);
-    KVATTN_CHECK(fits(int64_t(sc.best.assigns.size())), "fixed_split_size = ",
-                 opt.fixed_split_size, " adds ",
-                 int64_t(sc.best.assigns.size()) * slices - unsplit_items,
-                 " split items, more than the cuda_graph capacity max_split_items = ",
-                 split_budget);
+    KVATTN_CHECK(
+        fits(int64_t(sc.best.assigns.size())), "fixed_split_size = ", opt.fixed_split_size,
+        " adds ", int64_t(sc.best.assigns.size()) * slices - unsplit_items,
+        " split items, more than the cuda_graph capacity max_split_items = ", split_budget);
   } else {
     // Candidates: multiples of the KV tile growing by ~sqrt(2) (1, 2, 3, 4, 6, 8, 12, ...), then
     // no split at all.
@@ -533,7 +545,10 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
       } else {
         while (lo < hi) {
           int mid = (lo + hi + 1) / 2;
-          if (small_items(mid)) lo = mid; else hi = mid - 1;
+          if (small_items(mid))
+            lo = mid;
+          else
+            hi = mid - 1;
         }
       }
       k0 = hi;
@@ -541,30 +556,33 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     // Graph mode: the first candidate that fits the split budget (no split always fits).
     while (k0 < K - 1 && !fits(est(sc.candidates[size_t(k0)]).items)) ++k0;
     schedule(sc.best, sc.tree, pb, sc.candidates[size_t(k0)], true);
-    // Neighbours, while they can still pay: only if the best schedule is more than 1/40 above its
-    // own mean, only candidates whose lower bound (largest item above, mean load below) is more
-    // than 1/256 under the best makespan, and a candidate replaces the best only if it is 1/256
-    // better. Larger split sizes first (fewer items when the batch is small), then smaller ones.
-    auto can_improve = [&] {
-      const int64_t mean = (sc.best.total + slice_workers - 1) / slice_workers;
-      return sc.best.makespan * 40 > mean * 41;
-    };
-    auto try_candidate = [&](int k) {
-      const int32_t S = sc.candidates[size_t(k)];
-      Estimate e = est(S);
-      if (!fits(e.items)) return false;
-      const int64_t bound = std::max(e.largest, (e.total + slice_workers - 1) / slice_workers);
-      if (bound * 256 >= sc.best.makespan * 255) return false;
-      schedule(sc.trial, sc.tree, pb, S, true);
-      if (sc.trial.makespan * 256 >= sc.best.makespan * 255) return false;
-      std::swap(sc.trial, sc.best);
-      return true;
-    };
-    int tries = 0;
-    for (int k = k0 + 1; k < K && tries < 3 && can_improve(); ++k, ++tries)
-      if (!try_candidate(k)) break;
-    for (int k = k0 - 1; k >= 0 && tries < 5 && can_improve(); --k, ++tries)
-      if (!try_candidate(k)) break;
+    // Branch and bound over the other candidates, only when the first schedule is more than 1/40
+    // above its own mean: each candidate's lower bound is max(largest item, mean load); they are
+    // scheduled in order of that bound (ties: larger S first) until the next bound cannot beat
+    // the best makespan by 1/256, or a budget of placements (4 x the first schedule's, at least
+    // 4096) is spent. A candidate replaces the best only if it is 1/256 better.
+    const int64_t first_mean = (sc.best.total + slice_workers - 1) / slice_workers;
+    if (sc.best.makespan * 40 > first_mean * 41) {
+      sc.bounds.clear();
+      for (int k = 0; k < K; ++k) {
+        if (k == k0) continue;
+        Estimate e = est(sc.candidates[size_t(k)]);
+        if (!fits(e.items)) continue;
+        sc.bounds.push_back(
+            {std::max(e.largest, (e.total + slice_workers - 1) / slice_workers), int32_t(k)});
+      }
+      std::sort(sc.bounds.begin(), sc.bounds.end(), [](const Bound& x, const Bound& y) {
+        return x.bound < y.bound || (x.bound == y.bound && x.k > y.k);
+      });
+      const int64_t budget = std::max<int64_t>(4096, 4 * int64_t(sc.best.assigns.size()));
+      int64_t spent = 0;
+      for (const Bound& c : sc.bounds) {
+        if (c.bound * 256 >= sc.best.makespan * 255 || spent >= budget) break;
+        schedule(sc.trial, sc.tree, pb, sc.candidates[size_t(c.k)], true);
+        spent += int64_t(sc.trial.assigns.size());
+        if (sc.trial.makespan * 256 < sc.best.makespan * 255) std::swap(sc.trial, sc.best);
+      }
+    }
   }
   const Schedule& best = sc.best;
 
@@ -586,10 +604,14 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   const bool any_split = head_merges > 0;
   const int64_t num_slots = head_slots * H, num_merges = head_merges * H;
   const int64_t num_items = int64_t(best.assigns.size()) * slices;
+  KVATTN_CHECK(std::max(num_items, item_cap) <= std::numeric_limits<int32_t>::max() &&
+                   num_slots <= std::numeric_limits<int32_t>::max(),
+               "the plan needs ", std::max(num_items, item_cap), " work items and ", num_slots,
+               " partial slots, more than int32 indices can address");
   if (item_cap >= 0) {
     // Guaranteed by construction (capacity checks above); kept as an invariant check.
-    KVATTN_CHECK(num_items <= item_cap && num_slots <= 2 * split_budget,
-                 "internal: plan of ", num_items, " items exceeds the graph capacity ", item_cap);
+    KVATTN_CHECK(num_items <= item_cap && num_slots <= 2 * split_budget, "internal: plan of ",
+                 num_items, " items exceeds the graph capacity ", item_cap);
   }
 
   p.graph_mode_ = bool(opt.cuda_graph);

@@ -1,5 +1,3 @@
-#include <cstdio>
-#include <cstdlib>
 #include "support/compare.h"
 
 #include <cmath>
@@ -45,7 +43,6 @@ OutputTolerance output_tolerance(kvattn::DType out) {
     return ::testing::AssertionFailure() << "reference has " << ref.size() << " elements, output "
                                          << n;
   std::string where;
-  if (getenv("WORST")) fprintf(stderr, "WORST %s %g %s\n", kvattn::dtype_name(out.dtype()).data(), worst_ratio, worst.str().c_str());
   const int64_t dirty = out.count_dirty_padding(&where);
   if (bad == 0 && unwritten == 0 && dirty == 0) return ::testing::AssertionSuccess();
   auto f = ::testing::AssertionFailure();

@@ -14,6 +14,9 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)  // device code only
+#endif
 #define KVATTN_HD __host__ __device__ __forceinline__
 #elif defined(__CUDACC__)
 #include <cstdint>

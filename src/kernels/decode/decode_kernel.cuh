@@ -11,6 +11,7 @@
 
 #include "kernels/common/ptx.cuh"
 #include "kernels/decode/params.cuh"
+#include "kernels/decode/smem_layout.cuh"
 #include "kernels/variants/builtin.cuh"
 
 namespace kvattn::kernels::decode {
@@ -44,6 +45,8 @@ struct DecodeKernel {
   static constexpr int kReduceBytes = kTokenGroups * GH * DVO * 4;
   static constexpr int kBigBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes;
   static constexpr int kSmemBytes = kBigBytes + (GH * DQK + GH * TILE + 3 * GH) * 4;
+  static_assert(kSmemBytes == simt_smem_bytes(kKVBytes, DQK, DVO, GH, TILE, STAGES, THREADS),
+                "host and device agree");
 
   struct Smem {
     char* k;  // [STAGES][TILE][kPitchK * 16]
@@ -219,9 +222,7 @@ struct DecodeKernel {
     }
   }
 
-  static __device__ void run(const DecodeParams& p, char* smem_base) {
-    const DecodeWorkItem item = p.items[blockIdx.x];
-    if (item.request < 0) return;
+  static __device__ void run_item(const DecodeParams& p, char* smem_base, const DeviceWorkItem& item) {
     const Smem s = carve(smem_base);
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;  // first query head of this CTA
@@ -320,38 +321,5 @@ struct DecodeKernel {
     }
   }
 };
-
-// Folds the partial states of split rows (SEMANTICS.md merge rule; sigmoid: plain sum).
-// One CTA per merge entry, threads over (head in group, dim).
-template <int ODT, int DVO, uint32_t FEATURES>
-__device__ void merge_partials(const DecodeParams& p) {
-  const DecodeMergeEntry m = p.merges[blockIdx.x];
-  if (m.request < 0) return;
-  const int group = p.num_qo_heads / p.num_kv_heads;
-  const bool softmax_on = BuiltinVariant<FEATURES>::use_softmax(p.variant);
-  for (int i = threadIdx.x; i < group * DVO; i += blockDim.x) {
-    const int gh = i / DVO, e = i % DVO;
-    float lse_max = -INFINITY;
-    for (int sl = m.slot_begin; sl < m.slot_end; ++sl)
-      lse_max = fmaxf(lse_max, p.partial_lse[int64_t(sl) * group + gh]);
-    float o = 0.0f, wsum = 0.0f;
-    for (int sl = m.slot_begin; sl < m.slot_end; ++sl) {
-      float x = p.partial_o[(int64_t(sl) * group + gh) * DVO + e];
-      if (!softmax_on) { o += x; continue; }
-      float l = p.partial_lse[int64_t(sl) * group + gh];
-      float w = l == -INFINITY ? 0.0f : exp2f(l - lse_max);
-      o += w * x;
-      wsum += w;
-    }
-    float lse = -INFINITY;
-    if (softmax_on) {
-      o = wsum > 0.0f ? o / wsum : 0.0f;
-      lse = wsum > 0.0f ? lse_max + log2f(wsum) : -INFINITY;
-    }
-    const int qo_head = m.kv_head * group + gh;
-    store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
-    if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
-  }
-}
 
 }  // namespace kvattn::kernels::decode

@@ -12,6 +12,7 @@
 
 #include "kernels/common/mma.cuh"
 #include "kernels/decode/params.cuh"
+#include "kernels/decode/smem_layout.cuh"
 #include "kernels/variants/builtin.cuh"
 
 namespace kvattn::kernels::decode {
@@ -44,6 +45,7 @@ struct DecodeMmaKernel {
   static constexpr int kIdsPerTile = kTile + 1;  // worst case: page size 1, or an unaligned tile
   static constexpr int kRingBytes = kRing * kIdsPerTile * 4;
   static constexpr int kSmemBytes = kBigBytes + 16 * kPitchQ + kRingBytes;
+  static_assert(kSmemBytes == mma_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
 
   static __device__ __forceinline__ int page_size(const DecodeParams& p) {
     return PAGE > 0 ? PAGE : p.page_size;
@@ -83,9 +85,7 @@ struct DecodeMmaKernel {
     }
   }
 
-  static __device__ void run(const DecodeParams& p, char* smem) {
-    const DecodeWorkItem item = p.items[blockIdx.x];
-    if (item.request < 0) return;
+  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;

@@ -6,20 +6,27 @@
 
 namespace kvattn::kernels {
 
-// One CTA's work: a KV range of one request for one KV head (and one chunk of its query heads,
-// blockIdx.y). request < 0 marks a padding item of a CUDA-graph plan: the CTA exits at once.
-struct DecodeWorkItem {
+// The planner's records (include/kvattn/plan.h: WorkItem, MergeEntry), mirrored for device
+// code; src/cuda/decode_launch.cpp static_asserts that the layouts match.
+struct DeviceWorkItem {
   int32_t request;
-  int32_t kv_head;
+  int16_t kv_head;
+  bool active;
+  uint8_t reserved;
+  int32_t q_begin, q_end;
   int32_t kv_begin, kv_end;  // tokens of the request, [begin, end)
+  int32_t worker;
   int32_t partial_slot;      // -1: write the final output; else the slot of a split row
 };
 
-// For each split (request, kv head): fold partial slots [slot_begin, slot_end) into the output.
-struct DecodeMergeEntry {
+// Partial slots [slot_begin, slot_begin + num_slots) fold into rows [q_begin, q_end) of a request
+// for the heads of kv_head. request < 0: an unused entry of a CUDA-graph plan.
+struct DeviceMergeEntry {
   int32_t request;
   int32_t kv_head;
-  int32_t slot_begin, slot_end;
+  int32_t q_begin, q_end;
+  int32_t slot_begin;
+  int32_t num_slots;
 };
 
 struct DecodeParams {
@@ -39,10 +46,10 @@ struct DecodeParams {
   const int32_t* kv_last_page_len;
   int32_t page_size;
 
-  const DecodeWorkItem* items;
-  int32_t num_items;
-  const DecodeMergeEntry* merges;
-  int32_t num_merges;
+  // The plan: CTA w (blockIdx.x) runs items [worker_begin[w], worker_begin[w + 1]) in order.
+  const DeviceWorkItem* items;
+  const int32_t* worker_begin;
+  const DeviceMergeEntry* merges;
   float* partial_o;    // [slots, group, head_dim_vo], v_scale applied
   float* partial_lse;  // [slots, group]
 

@@ -1,0 +1,108 @@
+#include "cuda/decode_kernels.h"
+
+#include "kernels/decode/smem_layout.cuh"
+#include "kernels/variants/params.cuh"
+#include "kvattn/error.h"
+
+namespace kvattn::cuda {
+
+using kernels::VariantFeature;
+
+std::string DecodeKernelConfig::name() const {
+  std::string n = tensor_cores ? "decode_mma_" : "decode_simt_";
+  n += std::string(dtype_name(kv_dtype));
+  if (q_dtype != kv_dtype) n += "_q" + std::string(dtype_name(q_dtype));
+  if (o_dtype != q_dtype) n += "_o" + std::string(dtype_name(o_dtype));
+  n += "_hd" + std::to_string(head_dim_qk);
+  if (head_dim_vo != head_dim_qk) n += "x" + std::to_string(head_dim_vo);
+  n += "_g" + std::to_string(heads_per_cta) + "_p" + std::to_string(page_size);
+  n += "_f" + std::to_string(features);
+  return n;
+}
+
+DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
+                                        int page_size, uint32_t features) {
+  for (int d : {dqk, dvo})
+    KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
+                 " is not supported by the GPU decode kernels (a multiple of 16 up to 256)");
+  KVATTN_CHECK(q == DType::f16 || q == DType::bf16 || q == DType::f32, "q_dtype ",
+               dtype_name(q), " is not supported on the GPU");
+  KVATTN_CHECK(!(features & kernels::kCustomMask), "custom masks are not supported by decode");
+  DecodeKernelConfig c;
+  c.q_dtype = q;
+  c.kv_dtype = kv;
+  c.o_dtype = o;
+  c.head_dim_qk = dqk;
+  c.head_dim_vo = dvo;
+  // Decode queries sit at the last position, so the causal mask never hides a key: drop its bit.
+  c.features = features & ~uint32_t(kernels::kCausal);
+  c.page_size = (page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0) ? page_size : 0;
+  c.tensor_cores = (kv == DType::f16 || kv == DType::bf16) && q == kv && !(features & kernels::kRope);
+  const int max_heads = c.tensor_cores ? 16 : 8;
+  c.heads_per_cta = 1;
+  for (int g = 1; g <= max_heads && g <= group; ++g)
+    if (group % g == 0) c.heads_per_cta = g;
+  c.stages = 2;
+  c.threads = 128;
+  c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
+  return c;
+}
+
+int decode_smem_bytes(const DecodeKernelConfig& c) {
+  if (c.tensor_cores)
+    return kernels::decode::mma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
+  return kernels::decode::simt_smem_bytes(int(dtype_size(c.kv_dtype)), c.head_dim_qk, c.head_dim_vo,
+                                          c.heads_per_cta, c.tile_tokens, c.stages, c.threads);
+}
+
+namespace {
+std::string code(DType t) { return std::to_string(int(t)); }  // kernels::DTypeCode numbering
+}  // namespace
+
+KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
+  KernelSpec spec;
+  spec.name = c.name();
+  spec.entry = "kvattn_" + spec.name;
+  spec.arch = arch;
+  std::string kernel;
+  if (c.tensor_cores) {
+    kernel = "kvattn::kernels::decode::DecodeMmaKernel<" + code(c.kv_dtype) + ", " + code(c.q_dtype) +
+             ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
+             std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
+             std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
+             std::to_string(c.stages) + ", " + std::to_string(c.threads / 32) + ">";
+    spec.source = "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
+  } else {
+    kernel = "kvattn::kernels::decode::DecodeKernel<" + code(c.q_dtype) + ", " + code(c.kv_dtype) +
+             ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
+             std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
+             std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
+             std::to_string(c.tile_tokens) + ", " + std::to_string(c.stages) + ", " +
+             std::to_string(c.threads) + ">";
+    spec.source = "#include \"kernels/decode/decode_kernel.cuh\"\n";
+  }
+  spec.source += "#include \"kernels/decode/persistent.cuh\"\n"
+                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
+                 spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
+                 "  extern __shared__ __align__(16) char smem[];\n"
+                 "  kvattn::kernels::decode::run_worker<" + kernel + ">(p, smem);\n}\n";
+  return spec;
+}
+
+KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch) {
+  const bool sigmoid = c.features & kernels::kSigmoid;
+  KernelSpec spec;
+  spec.name = "decode_merge_" + std::string(dtype_name(c.o_dtype)) + "_hd" +
+              std::to_string(c.head_dim_vo) + (sigmoid ? "_sigmoid" : "");
+  spec.entry = "kvattn_" + spec.name;
+  spec.arch = arch;
+  spec.source = "#include \"kernels/decode/persistent.cuh\"\n"
+                "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kDecodeMergeThreads) +
+                ") " + spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
+                "  kvattn::kernels::decode::merge_partials<" + code(c.o_dtype) + ", " +
+                std::to_string(c.head_dim_vo) + ", " + std::to_string(sigmoid ? kernels::kSigmoid : 0u) +
+                "u>(p);\n}\n";
+  return spec;
+}
+
+}  // namespace kvattn::cuda

@@ -1,0 +1,43 @@
+// The paged batch-decode kernel family: which kernel a decode problem runs (a plain host function,
+// unit-tested on the CPU), its JIT specs, and its shared-memory size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/jit.h"
+#include "kvattn/dtype.h"
+
+namespace kvattn::cuda {
+
+// Everything that specialises one decode kernel.
+struct DecodeKernelConfig {
+  bool tensor_cores = false;  // DecodeMmaKernel (f16/bf16 KV) or DecodeKernel (CUDA cores)
+  DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
+  int head_dim_qk = 128, head_dim_vo = 128;
+  int heads_per_cta = 4;      // query heads of one KV head's group per CTA (blockIdx.y splits the rest)
+  int page_size = 0;          // baked in when a power of two <= 128, else 0 (read at run time)
+  uint32_t features = 0;      // kernels::VariantFeature bits
+  int stages = 2;
+  int tile_tokens = 64;       // KV tokens per pipeline stage
+  int threads = 128;
+
+  std::string name() const;   // "decode_mma_bf16_hd128_g4_p16_f0"
+};
+
+// The heuristic, from measurements on the H200 (docs/PERFORMANCE.md): tensor cores whenever the KV
+// is f16/bf16, q has the same dtype and RoPE is not fused (the MMA needs both operands in one type;
+// fused RoPE rotates K in f32 on the CUDA-core path); 2 stages of 64 tokens, 4 warps, so three
+// CTAs fit an SM. Throws kvattn::Error for head dims the GPU kernels do not take (a multiple of 16
+// up to 256) or a group that does not divide.
+DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
+                                        int head_dim_vo, int group_size, int page_size,
+                                        uint32_t features);
+
+int decode_smem_bytes(const DecodeKernelConfig& c);
+KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch);
+// The merge of split rows for the same output dtype, head dim and softmax/sigmoid choice.
+KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch);
+inline constexpr int kDecodeMergeThreads = 256;
+
+}  // namespace kvattn::cuda

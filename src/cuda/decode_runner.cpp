@@ -1,0 +1,190 @@
+#include "cuda/decode_runner.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "cuda/runtime.h"
+#include "kvattn/error.h"
+
+namespace kvattn::cuda {
+
+using kernels::DeviceMergeEntry;
+using kernels::DeviceWorkItem;
+
+static_assert(sizeof(DeviceWorkItem) == sizeof(WorkItem) &&
+                  offsetof(DeviceWorkItem, kv_begin) == offsetof(WorkItem, kv_begin) &&
+                  offsetof(DeviceWorkItem, partial_slot) == offsetof(WorkItem, partial_slot) &&
+                  offsetof(DeviceWorkItem, active) == offsetof(WorkItem, active),
+              "device work items mirror the planner's");
+static_assert(sizeof(DeviceMergeEntry) == sizeof(MergeEntry) &&
+                  offsetof(DeviceMergeEntry, num_slots) == offsetof(MergeEntry, num_slots),
+              "device merge entries mirror the planner's");
+
+namespace {
+constexpr int64_t kAlign = 256;
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the plan's sections in the workspace. Everything but the page ids has a size
+// fixed by the capacity, and the page ids come last, so a graph-mode re-plan moves nothing.
+struct WorkspaceLayout {
+  int64_t items = 0, worker_begin = 0, merges = 0, indptr = 0, last_page_len = 0, meta_end = 0;
+  int64_t partial_o = 0, partial_lse = 0, indices = 0, end = 0;
+};
+}  // namespace
+
+DecodeRunner::~DecodeRunner() {
+  if (staged_) cudaEventDestroy(staged_);
+  if (staging_) cudaFreeHost(staging_);
+}
+
+void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t workspace_bytes,
+                        int device, cudaStream_t stream) {
+  require_cuda("BatchDecode.plan on a CUDA workspace");
+  DeviceGuard guard(device);
+  const DeviceInfo& dev = device_info(device);
+  const int group = pr.num_qo_heads / pr.num_kv_heads;
+  DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
+                                                pr.head_dim_vo, group, pr.page_size,
+                                                pr.variant.features);
+  cudaKernel_t kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
+  cudaKernel_t merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
+  const int smem = decode_smem_bytes(cfg);
+  KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
+               smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
+  check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        "raising the decode kernel's shared-memory limit");
+  int per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
+                                                      cfg.threads, smem),
+        "querying the decode kernel's occupancy");
+  const int head_chunks = group / cfg.heads_per_cta;
+  SchedulerOptions opts = pr.scheduler;
+  if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
+
+  PlannerInputs in;
+  std::vector<int32_t> qo_indptr(pr.kv_len.size() + 1);
+  for (size_t i = 0; i < qo_indptr.size(); ++i) qo_indptr[i] = int32_t(i);
+  in.qo_indptr = qo_indptr;
+  in.kv_len = pr.kv_len;
+  in.num_qo_heads = pr.num_qo_heads;
+  in.num_kv_heads = pr.num_kv_heads;
+  in.head_dim_qk = pr.head_dim_qk;
+  in.head_dim_vo = pr.head_dim_vo;
+  in.tile = TileShape{1, cfg.tile_tokens};
+  in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
+  const Plan& plan = planner_.plan(in, opts);
+
+  // Lay out the workspace.
+  const int64_t batch = int64_t(pr.kv_len.size());
+  const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
+  const int64_t rows = plan.partial_slot_rows();
+  WorkspaceLayout L;
+  L.items = 0;
+  L.worker_begin = align_up(L.items + plan.item_capacity() * int64_t(sizeof(WorkItem)));
+  L.merges = align_up(L.worker_begin + (plan.num_workers() + 1) * 4);
+  L.indptr = align_up(L.merges + std::max<int64_t>(1, plan.merge_capacity()) * int64_t(sizeof(MergeEntry)));
+  L.last_page_len = align_up(L.indptr + (batch_cap + 1) * 4);
+  L.meta_end = align_up(L.last_page_len + batch_cap * 4);
+  L.partial_o = L.meta_end;
+  L.partial_lse = align_up(L.partial_o + plan.slot_capacity() * rows * pr.head_dim_vo * 4);
+  L.indices = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
+  const int64_t nnz = int64_t(pr.kv_indices.size());
+  L.end = L.indices + nnz * 4;
+  KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
+               " bytes, the workspace has ", workspace_bytes);
+
+  // Stage the metadata (items .. last_page_len) and the page ids in pinned memory, then copy.
+  const int64_t meta_bytes = L.meta_end, staging_need = meta_bytes + nnz * 4;
+  if (staged_) check(cudaEventSynchronize(staged_), "waiting for the previous plan's copy");
+  if (staging_need > staging_bytes_) {
+    if (staging_) check(cudaFreeHost(staging_), "freeing the plan's staging buffer");
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    check(cudaMallocHost(&staging_, size_t(std::max<int64_t>(staging_need, 1 << 16))), "allocating the plan's staging buffer");
+    staging_bytes_ = std::max<int64_t>(staging_need, 1 << 16);
+  }
+  if (!staged_) check(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "creating an event");
+  char* host = static_cast<char*>(staging_);
+  std::memset(host, 0, size_t(meta_bytes));
+  auto items = plan.all_items();
+  std::memcpy(host + L.items, items.data(), items.size_bytes());
+  auto* wb = reinterpret_cast<int32_t*>(host + L.worker_begin);
+  int32_t pos = 0;
+  for (int w = 0; w < plan.num_workers(); ++w) {
+    wb[w] = pos;
+    pos += int32_t(plan.worker_items(w).size());
+  }
+  wb[plan.num_workers()] = pos;
+  auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
+  for (int64_t i = 0; i < std::max<int64_t>(1, plan.merge_capacity()); ++i) merges[i].request = -1;
+  std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
+  std::memcpy(host + L.indptr, pr.kv_indptr.data(), pr.kv_indptr.size_bytes());
+  std::memcpy(host + L.last_page_len, pr.kv_last_page_len.data(), pr.kv_last_page_len.size_bytes());
+  std::memcpy(host + meta_bytes, pr.kv_indices.data(), pr.kv_indices.size_bytes());
+  char* ws = static_cast<char*>(workspace);
+  check(cudaMemcpyAsync(ws, host, size_t(meta_bytes), cudaMemcpyHostToDevice, stream), "copying the plan");
+  if (nnz > 0)
+    check(cudaMemcpyAsync(ws + L.indices, host + meta_bytes, size_t(nnz * 4), cudaMemcpyHostToDevice, stream),
+          "copying the page table");
+  check(cudaEventRecord(staged_, stream), "recording the plan's copy");
+
+  kernels::DecodeParams b{};
+  b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.indptr);
+  b.kv_indices = reinterpret_cast<const int32_t*>(ws + L.indices);
+  b.kv_last_page_len = reinterpret_cast<const int32_t*>(ws + L.last_page_len);
+  b.page_size = pr.page_size;
+  b.items = reinterpret_cast<const DeviceWorkItem*>(ws + L.items);
+  b.worker_begin = reinterpret_cast<const int32_t*>(ws + L.worker_begin);
+  b.merges = reinterpret_cast<const DeviceMergeEntry*>(ws + L.merges);
+  b.partial_o = reinterpret_cast<float*>(ws + L.partial_o);
+  b.partial_lse = reinterpret_cast<float*>(ws + L.partial_lse);
+  b.num_qo_heads = pr.num_qo_heads;
+  b.num_kv_heads = pr.num_kv_heads;
+  b.variant = pr.variant;
+
+  config_ = cfg;
+  kernel_ = kernel;
+  merge_kernel_ = merge;
+  smem_bytes_ = smem;
+  device_ = device;
+  head_chunks_ = head_chunks;
+  workers_ = plan.num_workers();
+  merge_grid_ = opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
+  workspace_used_ = L.end;
+  base_ = b;
+}
+
+void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
+  KVATTN_CHECK(kernel_ != nullptr, "BatchDecode.run() was called before plan()");
+  DeviceGuard guard(device_);
+  kernels::DecodeParams p = base_;
+  p.q = t.q;
+  p.q_stride_n = t.q_stride_n;
+  p.q_stride_h = t.q_stride_h;
+  p.o = t.o;
+  p.o_stride_n = t.o_stride_n;
+  p.o_stride_h = t.o_stride_h;
+  p.lse = t.lse;
+  p.lse_stride_n = t.lse_stride_n;
+  p.lse_stride_h = t.lse_stride_h;
+  p.k = t.k;
+  p.v = t.v;
+  p.k_stride_page = t.k_stride_page;
+  p.k_stride_token = t.k_stride_token;
+  p.k_stride_head = t.k_stride_head;
+  p.v_stride_page = t.v_stride_page;
+  p.v_stride_token = t.v_stride_token;
+  p.v_stride_head = t.v_stride_head;
+  void* args[] = {&p};
+  check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(workers_), unsigned(head_chunks_)),
+                         dim3(unsigned(config_.threads)), args, size_t(smem_bytes_), stream),
+        "launching the decode kernel");
+  if (merge_grid_ > 0)
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_)),
+                           dim3(kDecodeMergeThreads), args, 0, stream),
+          "launching the decode merge kernel");
+}
+
+}  // namespace kvattn::cuda

@@ -1,0 +1,72 @@
+// Paged batch decode on the GPU: plan() schedules the batch with the planner, picks and loads the
+// kernel, and stages the work list and page table into the caller's device workspace; run() only
+// launches (no allocation, no copy), so it can be captured in a CUDA graph and replayed after a
+// new plan() for new lengths (graph mode keeps every buffer's address).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "cuda/decode_kernels.h"
+#include "kernels/decode/params.cuh"
+#include "kvattn/plan.h"
+
+namespace kvattn::cuda {
+
+struct DecodeProblem {
+  int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0, page_size = 0;
+  DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
+  kernels::VariantParams variant;
+  std::span<const int32_t> kv_indptr, kv_indices, kv_last_page_len;  // validated, host
+  std::span<const int32_t> kv_len;
+  SchedulerOptions scheduler;
+};
+
+// Device pointers and element strides of one run.
+struct DecodeTensors {
+  const void* q;
+  int64_t q_stride_n, q_stride_h;
+  void* o;
+  int64_t o_stride_n, o_stride_h;
+  float* lse;  // may be null
+  int64_t lse_stride_n, lse_stride_h;
+  const void* k;
+  const void* v;
+  int64_t k_stride_page, k_stride_token, k_stride_head;
+  int64_t v_stride_page, v_stride_token, v_stride_head;
+};
+
+class DecodeRunner {
+ public:
+  DecodeRunner() = default;
+  ~DecodeRunner();
+  DecodeRunner(const DecodeRunner&) = delete;
+  DecodeRunner& operator=(const DecodeRunner&) = delete;
+
+  // Throws kvattn::Error (workspace too small, unsupported shape, no device) before touching the
+  // previous plan's buffers, except the staging copy, which it orders after the previous one.
+  void plan(const DecodeProblem& problem, void* workspace, int64_t workspace_bytes, int device,
+            cudaStream_t stream);
+  void run(const DecodeTensors& t, cudaStream_t stream) const;
+
+  const Plan& schedule() const { return planner_.current(); }
+  const DecodeKernelConfig& config() const { return config_; }
+  bool planned() const { return kernel_ != nullptr; }
+  // Bytes of device workspace the last plan() used.
+  int64_t workspace_used() const { return workspace_used_; }
+
+ private:
+  Planner planner_;
+  DecodeKernelConfig config_;
+  cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
+  int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, workers_ = 0;
+  int64_t merge_grid_ = 0, workspace_used_ = 0;
+  kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
+  void* staging_ = nullptr;       // pinned host copy of the plan's metadata
+  int64_t staging_bytes_ = 0;
+  cudaEvent_t staged_ = nullptr;  // the last staging copy has finished reading `staging_`
+};
+
+}  // namespace kvattn::cuda

@@ -1,0 +1,28 @@
+// Shared-memory sizes of the decode kernels as plain constexpr functions, so the host launcher and
+// the kernels compute the same number from the same formula.
+#pragma once
+
+#include "kernels/common/host_device.cuh"
+
+namespace kvattn::kernels::decode {
+
+constexpr int odd_chunks(int bytes) { return (bytes / 16) | 1; }  // row pitch in 16-byte chunks
+constexpr int max_of(int a, int b) { return a > b ? a : b; }
+
+// CUDA-core kernel: K/V stages, the token-group reduction (aliasing the stages), q, scores, m/d/scale.
+constexpr int simt_smem_bytes(int kv_bytes, int dqk, int dvo, int gh, int tile, int stages,
+                              int threads) {
+  return max_of(stages * tile * (odd_chunks(dqk * kv_bytes) + odd_chunks(dvo * kv_bytes)) * 16,
+                (threads / (dvo / 8)) * gh * dvo * 4) +
+         (gh * dqk + gh * tile + 3 * gh) * 4;
+}
+
+// Tensor-core kernel: K/V stages (or the warps' merge buffers), q [16][pitch], page-id ring.
+constexpr int mma_tile_tokens(int warps) { return warps * 16; }
+constexpr int mma_smem_bytes(int dqk, int dvo, int stages, int warps) {
+  return max_of(stages * mma_tile_tokens(warps) * (odd_chunks(dqk * 2) + odd_chunks(dvo * 2)) * 16,
+                warps * 16 * (dvo + 2) * 4) +
+         16 * odd_chunks(dqk * 2) * 16 + (stages + 1) * (mma_tile_tokens(warps) + 1) * 4;
+}
+
+}  // namespace kvattn::kernels::decode
