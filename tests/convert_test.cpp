@@ -53,15 +53,23 @@ TEST(Convert, EveryBitPatternDecodesAlikeAndRoundTrips) {
     const auto h = uint16_t(b);
     ASSERT_TRUE(same_value(cv::f16_to_f32(h), decode_f16(h))) << "f16 0x" << std::hex << b;
     ASSERT_TRUE(same_value(cv::bf16_to_f32(h), decode_bf16(h))) << "bf16 0x" << std::hex << b;
-    if (!std::isnan(decode_f16(h))) ASSERT_EQ(cv::f32_to_f16(float(decode_f16(h))), h) << std::hex << b;
-    if (!std::isnan(decode_bf16(h))) ASSERT_EQ(cv::f32_to_bf16(float(decode_bf16(h))), h) << std::hex << b;
+    if (!std::isnan(decode_f16(h))) {
+      ASSERT_EQ(cv::f32_to_f16(float(decode_f16(h))), h) << std::hex << b;
+    }
+    if (!std::isnan(decode_bf16(h))) {
+      ASSERT_EQ(cv::f32_to_bf16(float(decode_bf16(h))), h) << std::hex << b;
+    }
   }
   for (uint32_t b = 0; b < 0x100u; ++b) {
     const auto x = uint8_t(b);
     ASSERT_TRUE(same_value(cv::e4m3_to_f32(x), decode_e4m3(x))) << "e4m3 0x" << std::hex << b;
     ASSERT_TRUE(same_value(cv::e5m2_to_f32(x), decode_e5m2(x))) << "e5m2 0x" << std::hex << b;
-    if (std::isfinite(decode_e4m3(x))) ASSERT_EQ(cv::f32_to_e4m3(float(decode_e4m3(x))), x) << std::hex << b;
-    if (std::isfinite(decode_e5m2(x))) ASSERT_EQ(cv::f32_to_e5m2(float(decode_e5m2(x))), x) << std::hex << b;
+    if (std::isfinite(decode_e4m3(x))) {
+      ASSERT_EQ(cv::f32_to_e4m3(float(decode_e4m3(x))), x) << std::hex << b;
+    }
+    if (std::isfinite(decode_e5m2(x))) {
+      ASSERT_EQ(cv::f32_to_e5m2(float(decode_e5m2(x))), x) << std::hex << b;
+    }
   }
 }
 

@@ -103,7 +103,6 @@ TEST(ValidationPlan, PageTable) {
     EXPECT_KVATTN_ERROR(op.plan(p), msg);
   };
   expect(nullptr, nullptr, nullptr, 0, "page_size = 0 must be >= 1");
-  HostTensor bad;
   {
     auto p = d.plan();
     p.page_table.indptr = TensorView{};
@@ -120,7 +119,6 @@ TEST(ValidationPlan, PageTable) {
   HostTensor decreasing = int32_tensor({0, 3, 2});
   expect(&decreasing, nullptr, nullptr, 16,
          "kv_indptr is not non-decreasing at 2: kv_indptr[1] = 3, kv_indptr[2] = 2");
-  HostTensor strided = HostTensor::strided(DType::i32, {3, 1});
   {
     auto p = d.plan();
     int32_t vals[6] = {0, 9, 1, 9, 3, 9};

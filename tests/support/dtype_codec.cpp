@@ -9,8 +9,9 @@
 namespace kvattn_test {
 
 namespace {
-// A binary float with `ebits` exponent bits, `mbits` mantissa bits and the given bias.
-// inf_nan: 0 none reserved (e4m3fn handles its NaN itself), 1 IEEE (all-ones exponent).
+// A binary float with `ebits` exponent bits, `mbits` mantissa bits and the given bias;
+// ieee_specials: the all-ones exponent means infinity (mantissa 0) or NaN. e4m3fn has no such
+// exponent (its only NaN, S.1111.111, is handled by its caller).
 double decode_minifloat(uint64_t bits, int ebits, int mbits, int bias, bool ieee_specials) {
   const bool neg = (bits >> (ebits + mbits)) & 1;
   const uint64_t e = (bits >> mbits) & ((uint64_t(1) << ebits) - 1);

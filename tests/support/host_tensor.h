@@ -44,21 +44,22 @@ class HostTensor {
   void poison();                 // every byte, padding included, to 0xff
   std::vector<uint8_t> snapshot() const { return bytes_; }
   bool same_bytes(const std::vector<uint8_t>& snap) const { return bytes_ == snap; }
-  // Calls f(offset, description) for every byte outside the logical elements that is not poison;
-  // returns how many there are (a write outside the view).
+  // How many bytes outside the logical elements are no longer poison (a write outside the view);
+  // `first` receives where the first one is.
   int64_t count_dirty_padding(std::string* first = nullptr) const;
   // Visits every logical element: f(offset, index vector).
   template <class F>
   void for_each(F&& f) const {
-    std::vector<int64_t> idx(shape_.size(), 0);
-    if (numel() == 0) return;
-    for (;;) {
-      int64_t off = 0;
-      for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * strides_[d];
+    const int nd = int(shape_.size());
+    std::vector<int64_t> idx(size_t(nd), 0);
+    for (int64_t lin = 0, n = numel(); lin < n; ++lin) {
+      int64_t rem = lin, off = 0;
+      for (int d = nd - 1; d >= 0; --d) {
+        idx[size_t(d)] = rem % shape_[size_t(d)];
+        rem /= shape_[size_t(d)];
+        off += idx[size_t(d)] * strides_[size_t(d)];
+      }
       f(off, idx);
-      int d = int(idx.size()) - 1;
-      while (d >= 0 && ++idx[size_t(d)] == shape_[size_t(d)]) idx[size_t(d--)] = 0;
-      if (d < 0) return;
     }
   }
 
