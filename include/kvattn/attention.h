@@ -54,6 +54,10 @@ class BatchDecode {
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;
 
+  // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
+  // inspection and tests; null before plan().
+  const Plan* schedule() const;
+
  private:
   TensorView workspace_;
   KVLayout kv_layout_;
@@ -89,6 +93,10 @@ class BatchPrefill {
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;
 
+  // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
+  // inspection and tests; null before plan().
+  const Plan* schedule() const;
+
  private:
   TensorView workspace_;
   KVLayout kv_layout_;
@@ -112,6 +120,10 @@ class BlockSparseAttention {
   void plan(const BlockSparsePlan& params);
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;
+
+  // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
+  // inspection and tests; null before plan().
+  const Plan* schedule() const;
 
  private:
   TensorView workspace_;

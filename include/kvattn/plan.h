@@ -13,11 +13,14 @@
 //   1. every request is cut into query tiles of `tile.query_tokens` rows; each tile's visible KV
 //      range is shrunk by the causal mask and the sliding window (bottom-right alignment: query i
 //      sits at position kv_len - qo_len + i);
-//   2. a split size S (KV tokens per chunk, a multiple of tile.kv_tokens) is chosen by search: for
-//      each candidate S the total cost T(S) and the largest item C(S) are computed, the candidates
-//      around the smallest max(C, T / workers) are scheduled and the one with the smallest
-//      most-loaded worker wins (ties: the larger S). A tile's range of L tokens is cut into
-//      n = ceil(L / S) chunks of equal size rounded up to tile.kv_tokens;
+//   2. a split size S (KV tokens per chunk, a multiple of tile.kv_tokens; candidates grow by
+//      ~sqrt(2)) is chosen by search. A tile's range of L tokens is cut into n = ceil(L / S)
+//      chunks of equal size rounded up to tile.kv_tokens. The first candidate is the largest S
+//      whose largest item is at most half the mean load (binary search on the estimates: total
+//      cost T(S), largest item C(S)); if its schedule is more than 1/32 above its own mean, the
+//      other candidates are tried in order of their lower bound max(C, T / workers) (branch and
+//      bound, within a budget). The objective is the most loaded worker's cost (makespan); a
+//      candidate must be 1/256 better to replace the best;
 //   3. items are assigned longest-first to the least-loaded worker (ties: lowest worker index),
 //      so max load <= mean load + largest item. Heads with identical work are scheduled once:
 //      with g = gcd(workers, kv heads) the workers form g slices of workers / g, each serving

@@ -2,11 +2,17 @@
 #include "kvattn/attention.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <numeric>
+#include <optional>
+#include <span>
 
 #include "core/attention_plan.h"
 #include "core/validate.h"
 #include "cpu/attention_engine.h"
+#include "cpu/plan_executor.h"
+#include "cpu/thread_pool.h"
 
 namespace kvattn {
 
@@ -200,6 +206,62 @@ void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, int64_t ba
 }
 
 
+// ---- CPU schedule -------------------------------------------------------------------------------
+// The CPU backend's plan: query tiles of the engine's kQueryTile rows; KV chunks of whole pages
+// (paged) or whole column blocks (BSR), at least 64 tokens; causal masks and sliding windows
+// shrink the work of paged and ragged KV (BSR's KV indices are not positions, so its work is not
+// shrunk; the engine still applies every mask); workers: the CPU threads unless given.
+Plan cpu_schedule(const AttentionPlan& plan, const SchedulerOptions& scheduler) {
+  std::vector<int32_t> kv_len(plan.kv_len.size());
+  for (size_t b = 0; b < kv_len.size(); ++b) {
+    KVATTN_CHECK(plan.kv_len[b] <= std::numeric_limits<int32_t>::max(), "request ", b, " has ",
+                 plan.kv_len[b], " KV tokens, more than the planner's int32 limit");
+    kv_len[b] = int32_t(plan.kv_len[b]);
+  }
+  const auto& s = plan.shape;
+  PlannerInputs in;
+  in.qo_indptr = plan.qo_indptr;
+  in.kv_len = kv_len;
+  in.num_qo_heads = s.num_qo_heads;
+  in.num_kv_heads = s.num_kv_heads;
+  in.head_dim_qk = s.head_dim_qk;
+  in.head_dim_vo = s.head_dim_vo;
+  const int64_t granule = plan.kind == KVKind::paged          ? plan.page_size
+                          : plan.kind == KVKind::block_sparse ? plan.bsr_C
+                                                              : 1;
+  in.tile.query_tokens = int(cpu::kQueryTile);
+  in.tile.kv_tokens = int(std::min<int64_t>(granule * ((64 + granule - 1) / granule),
+                                            std::numeric_limits<int32_t>::max()));
+  if (plan.kind != KVKind::block_sparse) {
+    in.causal = s.variant.causal;
+    in.window_left = s.variant.window_left;
+  }
+  SchedulerOptions opt = scheduler;
+  if (opt.num_workers == 0) opt.num_workers = cpu::ThreadPool::global().num_threads();
+  return make_plan(in, opt);
+}
+
+void plan_cpu(AttentionPlan& plan, const SchedulerOptions& scheduler) {
+  plan.scheduler = scheduler;
+  plan.cpu_work = cpu_schedule(plan, scheduler);
+}
+
+// Runs the plan's CPU schedule (made now if plan() scheduled for the GPU only). The partial
+// states of split rows go to the workspace when it is a large enough host buffer, else to memory
+// allocated here.
+void run_cpu(const AttentionPlan& plan, const cpu::EngineProblem& p, const TensorView& workspace) {
+  std::optional<Plan> local;
+  const Plan& work = plan.cpu_work ? *plan.cpu_work : local.emplace(cpu_schedule(plan, plan.scheduler));
+  std::span<float> scratch;
+  const int64_t need = cpu::plan_scratch_floats(work, p.head_dim_vo);
+  if (need > 0 && workspace.defined() && workspace.device().is_cpu() && workspace.is_contiguous() &&
+      workspace.data() != nullptr && reinterpret_cast<uintptr_t>(workspace.data()) % alignof(float) == 0) {
+    const int64_t floats = workspace.numel() * int64_t(dtype_size(workspace.dtype())) / 4;
+    if (floats >= need) scratch = {static_cast<float*>(workspace.data()), size_t(floats)};
+  }
+  cpu::run_plan(p, work, scratch);
+}
+
 // ---- GPU decode -------------------------------------------------------------------------------
 void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
                      const SchedulerOptions& scheduler, void* stream) {
@@ -288,8 +350,12 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   plan_page_table(*plan, params.page_table, params.page_size);
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
-  if (workspace_.defined() && !workspace_.device().is_cpu())
+  if (workspace_.defined() && !workspace_.device().is_cpu()) {
+    plan->scheduler = params.scheduler;
     plan_decode_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
+  } else {
+    plan_cpu(*plan, params.scheduler);
+  }
   plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
@@ -303,7 +369,15 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
   check_paged_cache(*plan_, kv, kv_layout_, q.device());
   add_paged_segments(*plan_, kv, p);
-  cpu::run_unsplit(p);
+  run_cpu(*plan_, p, workspace_);
+}
+
+const Plan* BatchDecode::schedule() const {
+  if (!plan_) return nullptr;
+#if KVATTN_WITH_CUDA
+  if (plan_->gpu_decode) return &plan_->gpu_decode->schedule();
+#endif
+  return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
 }
 
 // ---- BatchPrefill -------------------------------------------------------------------------------
@@ -332,6 +406,7 @@ void BatchPrefill::plan(const BatchPrefillPlan& params) {
   }
   plan_qo_indptr(*plan, params.qo_indptr, int64_t(plan->kv_len.size()));
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
+  plan_cpu(*plan, params.scheduler);
   plan_ = std::move(plan);
 }
 
@@ -341,7 +416,7 @@ void BatchPrefill::run(const TensorView& q, const PagedKVCache& kv, const Tensor
   cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
   check_paged_cache(*plan_, kv, kv_layout_, q.device());
   add_paged_segments(*plan_, kv, p);
-  cpu::run_unsplit(p);
+  run_cpu(*plan_, p, workspace_);
 }
 
 void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -377,7 +452,11 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
     r.seg_end = int64_t(p.segments.size());
     p.requests.push_back(r);
   }
-  cpu::run_unsplit(p);
+  run_cpu(plan, p, workspace_);
+}
+
+const Plan* BatchPrefill::schedule() const {
+  return plan_ && plan_->cpu_work ? &*plan_->cpu_work : nullptr;
 }
 
 // ---- BlockSparseAttention -----------------------------------------------------------------------
@@ -423,6 +502,7 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params) {
   for (int64_t br = 0; br <= row_blocks; ++br) plan->qo_indptr[size_t(br)] = int32_t(br * m.R);
   for (int64_t br = 0; br < row_blocks; ++br)
     plan->kv_len.push_back(int64_t(ind[br + 1] - ind[br]) * m.C);
+  plan_cpu(*plan, params.scheduler);
   plan_ = std::move(plan);
 }
 
@@ -457,7 +537,11 @@ void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const T
     r.seg_end = int64_t(p.segments.size());
     p.requests.push_back(r);
   }
-  cpu::run_unsplit(p);
+  run_cpu(plan, p, workspace_);
+}
+
+const Plan* BlockSparseAttention::schedule() const {
+  return plan_ && plan_->cpu_work ? &*plan_->cpu_work : nullptr;
 }
 
 }  // namespace kvattn

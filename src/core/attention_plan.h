@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/variants/params.cuh"
@@ -44,6 +45,9 @@ struct AttentionPlan {
   std::vector<int32_t> mask_indptr;
   int64_t bsr_M = 0, bsr_N = 0, bsr_R = 1, bsr_C = 1;
   int64_t max_page_index = -1;         // largest page id referenced (checked against the cache)
+  // The CPU backend's schedule (src/cpu/plan_executor.h) and the options it was made with.
+  SchedulerOptions scheduler;
+  std::optional<Plan> cpu_work;
 #if KVATTN_WITH_CUDA
   // The GPU side of a decode plan (kept across plans: graph mode reuses its buffers).
   std::shared_ptr<cuda::DecodeRunner> gpu_decode;

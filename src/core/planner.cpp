@@ -556,13 +556,13 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     // Graph mode: the first candidate that fits the split budget (no split always fits).
     while (k0 < K - 1 && !fits(est(sc.candidates[size_t(k0)]).items)) ++k0;
     schedule(sc.best, sc.tree, pb, sc.candidates[size_t(k0)], true);
-    // Branch and bound over the other candidates, only when the first schedule is more than 1/40
+    // Branch and bound over the other candidates, only when the first schedule is more than 1/32
     // above its own mean: each candidate's lower bound is max(largest item, mean load); they are
     // scheduled in order of that bound (ties: larger S first) until the next bound cannot beat
-    // the best makespan by 1/256, or a budget of placements (4 x the first schedule's, at least
-    // 4096) is spent. A candidate replaces the best only if it is 1/256 better.
+    // the best makespan by 1/256, or a budget of placements (2 x the first schedule's, at least
+    // 2048) is spent. A candidate replaces the best only if it is 1/256 better.
     const int64_t first_mean = (sc.best.total + slice_workers - 1) / slice_workers;
-    if (sc.best.makespan * 40 > first_mean * 41) {
+    if (sc.best.makespan * 32 > first_mean * 33) {
       sc.bounds.clear();
       for (int k = 0; k < K; ++k) {
         if (k == k0) continue;
@@ -574,7 +574,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
       std::sort(sc.bounds.begin(), sc.bounds.end(), [](const Bound& x, const Bound& y) {
         return x.bound < y.bound || (x.bound == y.bound && x.k > y.k);
       });
-      const int64_t budget = std::max<int64_t>(4096, 4 * int64_t(sc.best.assigns.size()));
+      const int64_t budget = std::max<int64_t>(2048, 2 * int64_t(sc.best.assigns.size()));
       int64_t spent = 0;
       for (const Bound& c : sc.bounds) {
         if (c.bound * 256 >= sc.best.makespan * 255 || spent >= budget) break;

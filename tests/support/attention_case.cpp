@@ -1,4 +1,5 @@
 #include "support/attention_case.h"
+#include "support/device_mirror.h"
 
 #include <gtest/gtest.h>
 
@@ -177,9 +178,35 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
     static_cast<kvattn::AttentionShape&>(p) = shape_of(c);
     p.page_table = paged->table();
     p.page_size = c.page_size;
-    kvattn::BatchDecode op({}, c.layout);
-    op.plan(p);
-    op.run(q.view(), paged->cache(), out.view(), lse_view);
+    p.scheduler = c.scheduler;
+    if (c.on_gpu) {
+#if KVATTN_WITH_CUDA
+      DeviceBytes workspace(int64_t(64) << 20);
+      DeviceMirror dq(q), dout(out), dlse(lse);
+      std::optional<DeviceMirror> dk, dv, dkv;
+      kvattn::PagedKVCache cache;
+      if (c.store == KVStore::paged_combined) {
+        dkv.emplace(paged->kv);
+        cache = kvattn::PagedKVCache::combined(dkv->view(), c.layout);
+      } else {
+        dk.emplace(paged->k);
+        dv.emplace(paged->v);
+        cache = kvattn::PagedKVCache::split(dk->view(), dv->view(), c.layout);
+      }
+      kvattn::BatchDecode op(workspace.view(), c.layout);
+      op.plan(p);
+      op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{});
+      device_synchronize();
+      dout.copy_back(out);
+      dlse.copy_back(lse);
+#else
+      FAIL() << "on_gpu case in a build without the CUDA backend";
+#endif
+    } else {
+      kvattn::BatchDecode op({}, c.layout);
+      op.plan(p);
+      op.run(q.view(), paged->cache(), out.view(), lse_view);
+    }
   } else {
     kvattn::BatchPrefillPlan p;
     static_cast<kvattn::AttentionShape&>(p) = shape_of(c);

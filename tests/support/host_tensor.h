@@ -42,6 +42,11 @@ class HostTensor {
   bool is_poison_at(int64_t off) const;
 
   void poison();                 // every byte, padding included, to 0xff
+  // The whole buffer (guards and padding included) and where the view starts in it, in bytes: what
+  // a device copy of the tensor mirrors.
+  const std::vector<uint8_t>& raw_bytes() const { return bytes_; }
+  std::vector<uint8_t>& raw_bytes() { return bytes_; }
+  int64_t view_byte_offset() const { return offset_ * int64_t(esize()); }
   std::vector<uint8_t> snapshot() const { return bytes_; }
   bool same_bytes(const std::vector<uint8_t>& snap) const { return bytes_ == snap; }
   // How many bytes outside the logical elements are no longer poison (a write outside the view);

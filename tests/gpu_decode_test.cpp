@@ -1,0 +1,189 @@
+// BatchDecode on the GPU against the float64 reference: the CPU suite's case grid (dtypes, group
+// sizes, page sizes, layouts, storage, strided views, short and empty requests, head dims,
+// variants) run through the CUDA backend, plus split-KV batches, CUDA-graph replay with re-plans,
+// and the GPU-only errors. Every case skips where there is no CUDA device (CI), with the reason.
+#include <gtest/gtest.h>
+
+#include "support/attention_case.h"
+#include "support/device_mirror.h"
+#include "support/expect_error.h"
+#include "support/paged_kv.h"
+
+#if KVATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvattn_test {
+namespace {
+
+using kvattn::DType;
+using kvattn::KVLayout;
+
+#if KVATTN_WITH_CUDA
+#define SKIP_WITHOUT_GPU()                                           \
+  do {                                                               \
+    std::string why;                                                 \
+    if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
+  } while (0)
+#else
+#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "this build has no CUDA backend"
+#endif
+
+std::vector<std::pair<int64_t, int64_t>> lens_of(Rng& rng, int B, int64_t lo, int64_t hi) {
+  std::vector<std::pair<int64_t, int64_t>> lens;
+  for (int b = 0; b < B; ++b) lens.push_back({1, rng.integer(lo, hi)});
+  return lens;
+}
+
+// The tensor-core kernel rounds the softmax weights to the KV dtype before P V (the MMA takes
+// f16/bf16 operands): a relative 2^-9 (bf16) or 2^-11 (f16) per weight, on top of the f32
+// accumulation the default tolerance covers.
+AttnCase gpu_case(DType q, DType kv) {
+  AttnCase c;
+  c.on_gpu = true;
+  c.q_dtype = q;
+  c.kv_dtype = kv;
+  if (q == kv && kv == DType::bf16) c.tolerance.accumulation = 0x1p-8;
+  if (q == kv && kv == DType::f16) c.tolerance.accumulation = 0x1p-10;
+  return c;
+}
+
+TEST(GpuDecode, EveryDtypeCombination) {
+  SKIP_WITHOUT_GPU();
+  for (DType q : {DType::f32, DType::f16, DType::bf16})
+    for (DType kv : {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2})
+      for (DType o : {DType::f32, DType::bf16}) {
+        KVATTN_CASE_RNG(rng);
+        AttnCase c = gpu_case(q, kv);
+        c.lens = lens_of(rng, 3, 1, 200);
+        c.num_qo_heads = 8;
+        c.num_kv_heads = 2;
+        c.head_dim_qk = 64;
+        c.o_dtype = o;
+        run_decode_case(c, rng);
+      }
+}
+
+TEST(GpuDecode, GroupSizesPageSizesLayouts) {
+  SKIP_WITHOUT_GPU();
+  for (int group : {1, 4, 7, 8, 16})
+    for (int ps : {1, 3, 16})
+      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+        KVATTN_CASE_RNG(rng);
+        AttnCase c = gpu_case(DType::bf16, DType::bf16);
+        c.lens = lens_of(rng, 4, 0, 150);
+        c.num_kv_heads = 2;
+        c.num_qo_heads = 2 * group;
+        c.head_dim_qk = 128;
+        c.page_size = ps;
+        c.layout = layout;
+        c.store = group % 2 ? KVStore::paged_combined : KVStore::paged;
+        c.strided = ps == 3;
+        run_decode_case(c, rng);
+      }
+}
+
+TEST(GpuDecode, ShortEmptyAndLongRequests) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> batches = {
+      {}, {{1, 0}}, {{1, 1}}, {{1, 0}, {1, 1}, {1, 0}}, {{1, 63}, {1, 64}, {1, 65}, {1, 0}},
+      {{1, 5000}, {1, 3}, {1, 700}}, {{1, 20000}}};
+  for (const auto& lens : batches)
+    for (DType kv : {DType::bf16, DType::e4m3}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::bf16, kv);
+      c.lens = lens;
+      c.num_qo_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim_qk = 128;
+      c.page_size = 16;
+      run_decode_case(c, rng);
+    }
+}
+
+TEST(GpuDecode, HeadDims) {
+  SKIP_WITHOUT_GPU();
+  for (auto [dqk, dvo] : {std::pair{16, 16}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}})
+    for (DType kv : {DType::f16, DType::f32}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::f16, kv);
+      c.lens = lens_of(rng, 3, 1, 300);
+      c.num_qo_heads = 4;
+      c.num_kv_heads = 1;
+      c.head_dim_qk = dqk;
+      c.head_dim_vo = dvo;
+      c.page_size = 16;
+      run_decode_case(c, rng);
+    }
+}
+
+TEST(GpuDecode, Variants) {
+  SKIP_WITHOUT_GPU();
+  kvattn::RopeConfig llama31;
+  llama31.llama31 = kvattn::Llama31Scaling{};
+  const kvattn::Variant variants[] = {
+      kvattn::variants::causal(),
+      kvattn::variants::sliding_window(40),
+      kvattn::variants::soft_cap(5.0f),
+      kvattn::variants::alibi(),
+      kvattn::variants::rope(),
+      kvattn::variants::rope(llama31),
+      kvattn::variants::sigmoid(-1.0f),
+      kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f),
+      kvattn::variants::causal().with_soft_cap(8.0f).with_window(100).with_alibi(),
+  };
+  for (const auto& v : variants)
+    for (DType kv : {DType::bf16, DType::e5m2}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::bf16, kv);
+      c.lens = lens_of(rng, 3, 0, 400);
+      c.num_qo_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim_qk = 64;
+      c.page_size = 16;
+      c.variant = v;
+      SCOPED_TRACE(v.describe());
+      run_decode_case(c, rng);
+    }
+}
+
+TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
+  SKIP_WITHOUT_GPU();
+  // The same batch planned with many small chunks, with no splitting, and with few workers.
+  for (int mode = 0; mode < 3; ++mode) {
+    KVATTN_CASE_RNG(rng);
+    AttnCase c = gpu_case(DType::bf16, DType::bf16);
+    c.lens = {{1, 9000}, {1, 17}, {1, 2500}, {1, 0}, {1, 640}};
+    c.num_qo_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim_qk = 128;
+    c.page_size = 16;
+    if (mode == 0) c.scheduler.fixed_split_size = 128;
+    if (mode == 1) c.scheduler.disable_split_kv = true;
+    if (mode == 2) c.scheduler.num_workers = 5;
+    run_decode_case(c, rng);
+  }
+}
+
+TEST(GpuDecode, UnsupportedShapesAreErrors) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  std::vector<int32_t> indptr{0, 1}, indices{0}, last{1};
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 4;
+  p.num_kv_heads = 1;
+  p.head_dim_qk = 512;
+  p.page_size = 16;
+  HostTensor i1 = int32_tensor(indptr), i2 = int32_tensor(indices), i3 = int32_tensor(last);
+  p.page_table = {i1.view(), i2.view(), i3.view()};
+  DeviceBytes ws(1 << 20), tiny(256);
+  kvattn::BatchDecode op(ws.view());
+  EXPECT_KVATTN_ERROR(op.plan(p), "head dim 512 is not supported by the GPU decode kernels");
+  p.head_dim_qk = 128;
+  kvattn::BatchDecode small(tiny.view());
+  EXPECT_KVATTN_ERROR(small.plan(p), "the workspace is too small");
+#endif
+}
+
+}  // namespace
+}  // namespace kvattn_test
