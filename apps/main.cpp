@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   register_demo_command(app);
   register_jit_command(app);
   register_bench_command(app);
-  // TODO: register_plan_command(app) once apps/plan_command.cpp (being written separately) lands.
+  register_plan_command(app);
 
   try {
     app.parse(argc, argv);

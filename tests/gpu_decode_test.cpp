@@ -78,7 +78,6 @@ TEST(GpuDecode, GroupSizesPageSizesLayouts) {
         c.page_size = ps;
         c.layout = layout;
         c.store = group % 2 ? KVStore::paged_combined : KVStore::paged;
-        c.strided = ps == 3;
         run_decode_case(c, rng);
       }
 }
@@ -163,6 +162,36 @@ TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
     if (mode == 2) c.scheduler.num_workers = 5;
     run_decode_case(c, rng);
   }
+}
+
+TEST(GpuDecode, StridedQueriesAndOutputs) {
+  SKIP_WITHOUT_GPU();
+  // Padded q/out/lse strides are fine; the KV rows must stay 16-byte aligned (next test).
+  for (DType kv : {DType::bf16, DType::f32}) {
+    KVATTN_CASE_RNG(rng);
+    AttnCase c = gpu_case(DType::bf16, kv);
+    c.lens = lens_of(rng, 3, 0, 100);
+    c.num_qo_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim_qk = 64;
+    c.page_size = 16;
+    c.strided = true;
+    c.kv_aligned_strides = true;
+    run_decode_case(c, rng);
+  }
+}
+
+TEST(GpuDecode, MisalignedKVIsAnError) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  AttnCase c = gpu_case(DType::bf16, DType::bf16);
+  c.lens = {{1, 20}};
+  c.num_qo_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim_qk = 64;
+  c.strided = true;  // pads K/V rows by 1..3 elements: not 16-byte multiples
+  c.expect_error = "is not a multiple of 16 bytes";
+  run_decode_case(c, rng);
 }
 
 TEST(GpuDecode, UnsupportedShapesAreErrors) {

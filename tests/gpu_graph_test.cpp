@@ -25,7 +25,7 @@ TEST(GpuGraph, CaptureOnceReplanAndReplay) {
   const int64_t max_len = 900;
   // A pool of max_batch requests at max_len; each round uses prefixes of some of them.
   PagedKVSpec spec{std::vector<int64_t>(max_batch, max_len), P, hkv, D, D, DType::bf16,
-                   kvattn::KVLayout::NHD, false, false, 2};
+                   kvattn::KVLayout::NHD, false, false, false, 2};
   PagedKV pool(spec, rng);
   std::vector<std::vector<double>> k(max_batch), v(max_batch);
   for (int b = 0; b < max_batch; ++b) {

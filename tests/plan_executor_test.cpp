@@ -115,8 +115,9 @@ void expect_close(const HostTensor& out, const HostTensor* lse, const std::vecto
     const double err = std::fabs(got - want);
     worst = std::max(worst, err);
     if (!(err <= atol + atol * std::fabs(want))) {
-      if (bad++ == 0) first = kvattn_test::index_str(i) + ": " + std::to_string(got) + " vs " +
-                              std::to_string(want);
+      if (bad++ == 0)
+        first =
+            kvattn_test::index_str(i) + ": " + std::to_string(got) + " vs " + std::to_string(want);
     }
   });
   EXPECT_EQ(bad, 0) << what << ": " << bad << " output elements off, first " << first
@@ -134,7 +135,8 @@ void expect_close(const HostTensor& out, const HostTensor* lse, const std::vecto
 
 std::vector<uint8_t> bytes_of(const HostTensor& t) { return t.snapshot(); }
 
-// ---- ragged prefill / append ----------------------------------------------------------------------
+// ---- ragged prefill / append
+// ----------------------------------------------------------------------
 struct RaggedCase {
   std::vector<int32_t> qo_lens, kv_lens;
   RefVariant ref;
@@ -166,16 +168,20 @@ void run_ragged(const RaggedCase& c, uint64_t seed) {
   std::vector<double> o_ref, lse_ref;
   for (size_t b = 0; b < B; ++b) {
     const int64_t qo = c.qo_lens[b], kv = c.kv_lens[b];
-    std::vector<double> qb(qd.begin() + qo_indptr[b] * hq * d, qd.begin() + qo_indptr[b + 1] * hq * d);
-    std::vector<double> kb(kd.begin() + kv_indptr[b] * hkv * d, kd.begin() + kv_indptr[b + 1] * hkv * d);
-    std::vector<double> vb(vd.begin() + kv_indptr[b] * hkv * d, vd.begin() + kv_indptr[b + 1] * hkv * d);
+    std::vector<double> qb(qd.begin() + qo_indptr[b] * hq * d,
+                           qd.begin() + qo_indptr[b + 1] * hq * d);
+    std::vector<double> kb(kd.begin() + kv_indptr[b] * hkv * d,
+                           kd.begin() + kv_indptr[b + 1] * hkv * d);
+    std::vector<double> vb(vd.begin() + kv_indptr[b] * hkv * d,
+                           vd.begin() + kv_indptr[b + 1] * hkv * d);
     std::vector<int64_t> pos(static_cast<size_t>(kv));
     for (int64_t j = 0; j < kv; ++j) pos[size_t(j)] = j;
     RefOut r = reference(qb, kb, vb, qo, kv, hq, hkv, d, kv - qo, pos, c.ref);
     o_ref.insert(o_ref.end(), r.o.begin(), r.o.end());
     lse_ref.insert(lse_ref.end(), r.lse.begin(), r.lse.end());
   }
-  HostTensor qo_t = kvattn_test::int32_tensor(qo_indptr), kv_t = kvattn_test::int32_tensor(kv_indptr);
+  HostTensor qo_t = kvattn_test::int32_tensor(qo_indptr),
+             kv_t = kvattn_test::int32_tensor(kv_indptr);
   const bool want_lse = !c.variant.sigmoid;
   std::vector<uint8_t> unsplit_out;
   for (const Schedule& sch : schedules()) {
@@ -197,20 +203,23 @@ void run_ragged(const RaggedCase& c, uint64_t seed) {
     HostTensor out(DType::f32, {nq, hq, d}), lse(DType::f32, {nq, hq});
     out.poison();
     lse.poison();
-    prefill.run(q.view(), k.view(), v.view(), out.view(), want_lse ? lse.view() : kvattn::TensorView{});
+    prefill.run(q.view(), k.view(), v.view(), out.view(),
+                want_lse ? lse.view() : kvattn::TensorView{});
     expect_close(out, want_lse ? &lse : nullptr, o_ref, lse_ref, 2e-5, "vs float64 reference");
     // Bitwise determinism: repeated runs, and a fresh plan of the same inputs.
     const auto first = bytes_of(out), first_lse = bytes_of(lse);
     for (int rep = 0; rep < 3; ++rep) {
       out.poison();
-      prefill.run(q.view(), k.view(), v.view(), out.view(), want_lse ? lse.view() : kvattn::TensorView{});
+      prefill.run(q.view(), k.view(), v.view(), out.view(),
+                  want_lse ? lse.view() : kvattn::TensorView{});
       ASSERT_TRUE(out.same_bytes(first)) << "run " << rep + 2 << " differs from run 1";
       if (want_lse) ASSERT_TRUE(lse.same_bytes(first_lse));
     }
     kvattn::BatchPrefill again;
     again.plan(params);
     out.poison();
-    again.run(q.view(), k.view(), v.view(), out.view(), want_lse ? lse.view() : kvattn::TensorView{});
+    again.run(q.view(), k.view(), v.view(), out.view(),
+              want_lse ? lse.view() : kvattn::TensorView{});
     ASSERT_TRUE(out.same_bytes(first)) << "a re-plan of the same inputs changed the output";
     // Split against unsplit: f32 rounding only.
     if (sch.options.disable_split_kv) {
@@ -219,7 +228,8 @@ void run_ragged(const RaggedCase& c, uint64_t seed) {
       HostTensor unsplit(DType::f32, {nq, hq, d});
       unsplit.raw_bytes() = unsplit_out;
       std::vector<double> u;
-      unsplit.for_each([&](int64_t off, const std::vector<int64_t>&) { u.push_back(unsplit.get_at(off)); });
+      unsplit.for_each(
+          [&](int64_t off, const std::vector<int64_t>&) { u.push_back(unsplit.get_at(off)); });
       expect_close(out, nullptr, u, {}, 2e-6, "split vs unsplit");
     }
   }
@@ -233,7 +243,8 @@ TEST(PlanExecutor, RaggedPrefillCausalSplitMatchesUnsplitAndReference) {
 }
 
 TEST(PlanExecutor, RaggedPrefillSlidingWindowAndSoftCap) {
-  RaggedCase c{{9, 33, 2}, {200, 33, 64}, {}, kvattn::variants::sliding_window(20).with_soft_cap(5)};
+  RaggedCase c{
+      {9, 33, 2}, {200, 33, 64}, {}, kvattn::variants::sliding_window(20).with_soft_cap(5)};
   c.ref.causal = true;
   c.ref.window = 20;
   c.ref.soft_cap = 5;
@@ -253,7 +264,8 @@ TEST(PlanExecutor, SigmoidPartialsMergeByAddition) {
   run_ragged(c, 104);
 }
 
-// ---- paged decode ---------------------------------------------------------------------------------
+// ---- paged decode
+// ---------------------------------------------------------------------------------
 void run_decode(const std::vector<int64_t>& kv_lens, const kvattn::Variant& variant,
                 const RefVariant& ref, int page_size, uint64_t seed) {
   const int hq = 8, hkv = 2, d = 64;
@@ -322,7 +334,8 @@ void run_decode(const std::vector<int64_t>& kv_lens, const kvattn::Variant& vari
       HostTensor unsplit(DType::f32, {B, hq, d});
       unsplit.raw_bytes() = unsplit_out;
       std::vector<double> u;
-      unsplit.for_each([&](int64_t off, const std::vector<int64_t>&) { u.push_back(unsplit.get_at(off)); });
+      unsplit.for_each(
+          [&](int64_t off, const std::vector<int64_t>&) { u.push_back(unsplit.get_at(off)); });
       expect_close(out, nullptr, u, {}, 2e-6, "split vs unsplit");
     }
   }
@@ -406,7 +419,8 @@ TEST(PlanExecutor, BlockSparseSplitMatchesUnsplitAndReference) {
       HostTensor unsplit(DType::f32, {M, hq, d});
       unsplit.raw_bytes() = unsplit_out;
       std::vector<double> u;
-      unsplit.for_each([&](int64_t off, const std::vector<int64_t>&) { u.push_back(unsplit.get_at(off)); });
+      unsplit.for_each(
+          [&](int64_t off, const std::vector<int64_t>&) { u.push_back(unsplit.get_at(off)); });
       expect_close(out, nullptr, u, {}, 2e-6, "split vs unsplit");
     }
   }
@@ -418,10 +432,13 @@ TEST(PlanExecutor, UsesTheHostWorkspaceForPartials) {
   const int hq = 4, hkv = 1, d = 32;
   std::vector<int32_t> qo_indptr{0, 1, 2}, kv_indptr{0, 900, 1000};
   kvattn_test::Rng rng(401);
-  HostTensor q(DType::f32, {2, hq, d}), k(DType::f32, {1000, hkv, d}), v(DType::f32, {1000, hkv, d});
+  HostTensor q(DType::f32, {2, hq, d}), k(DType::f32, {1000, hkv, d}),
+      v(DType::f32, {1000, hkv, d});
   for (HostTensor* t : {&q, &k, &v})
-    t->for_each([&](int64_t off, const std::vector<int64_t>&) { t->set_at(off, rng.uniform(-1, 1)); });
-  HostTensor qo_t = kvattn_test::int32_tensor(qo_indptr), kv_t = kvattn_test::int32_tensor(kv_indptr);
+    t->for_each(
+        [&](int64_t off, const std::vector<int64_t>&) { t->set_at(off, rng.uniform(-1, 1)); });
+  HostTensor qo_t = kvattn_test::int32_tensor(qo_indptr),
+             kv_t = kvattn_test::int32_tensor(kv_indptr);
   kvattn::BatchPrefillPlan params;
   params.num_qo_heads = hq;
   params.num_kv_heads = hkv;
@@ -442,6 +459,73 @@ TEST(PlanExecutor, UsesTheHostWorkspaceForPartials) {
   EXPECT_TRUE(a.same_bytes(b.snapshot()));
   EXPECT_FALSE(ws.same_bytes(std::vector<uint8_t>(ws.raw_bytes().size(), 0xff)))
       << "the workspace was not used for the partial states";
+}
+
+// Deterministic modes (fixed_split_size, disable_split_kv): a request's output is bitwise the same
+// whatever the rest of the batch and the number of workers, as serving frameworks' batch-invariant
+// modes need.
+TEST(PlanExecutor, FixedSplitAndNoSplitAreBatchInvariant) {
+  const int hq = 4, hkv = 2, d = 32;
+  kvattn_test::Rng rng(501);
+  // The request under test: 6 new tokens on a 400-token cache; others around it in the big batch.
+  const std::vector<int32_t> qo_lens{3, 6, 1, 20}, kv_lens{90, 406, 700, 20};
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0};
+  for (size_t b = 0; b < qo_lens.size(); ++b) {
+    qo_indptr.push_back(qo_indptr.back() + qo_lens[b]);
+    kv_indptr.push_back(kv_indptr.back() + kv_lens[b]);
+  }
+  HostTensor q(DType::f32, {qo_indptr.back(), hq, d}), k(DType::f32, {kv_indptr.back(), hkv, d}),
+      v(DType::f32, {kv_indptr.back(), hkv, d});
+  for (HostTensor* t : {&q, &k, &v})
+    t->for_each(
+        [&](int64_t off, const std::vector<int64_t>&) { t->set_at(off, rng.uniform(-1, 1)); });
+  // Request 1 alone: views into the same q, k, v rows.
+  const int64_t q0 = qo_indptr[1], k0 = kv_indptr[1];
+  auto rows = [](const HostTensor& t, int64_t begin, int64_t n) {
+    const kvattn::TensorView view = t.view();
+    const int64_t shape[3] = {n, view.size(1), view.size(2)};
+    return kvattn::TensorView(static_cast<const float*>(view.data()) + begin * view.stride(0),
+                              view.dtype(), 3, shape, view.strides());
+  };
+  std::vector<int32_t> one_qo{0, 6}, one_kv{0, 406};
+  HostTensor all_qo = kvattn_test::int32_tensor(qo_indptr),
+             all_kv = kvattn_test::int32_tensor(kv_indptr);
+  HostTensor sq = kvattn_test::int32_tensor(one_qo), skv = kvattn_test::int32_tensor(one_kv);
+  for (bool fixed : {true, false}) {
+    SCOPED_TRACE(fixed ? "fixed_split_size 64" : "disable_split_kv");
+    std::vector<uint8_t> reference_bytes;
+    for (int workers : {1, 3, 64}) {
+      for (bool alone : {false, true}) {
+        kvattn::BatchPrefillPlan params;
+        params.num_qo_heads = hq;
+        params.num_kv_heads = hkv;
+        params.head_dim_qk = d;
+        params.q_dtype = DType::f32;
+        params.variant = kvattn::variants::causal();
+        params.scheduler.num_workers = workers;
+        params.scheduler.fixed_split_size = fixed ? 64 : 0;
+        params.scheduler.disable_split_kv = !fixed;
+        params.qo_indptr = alone ? sq.view() : all_qo.view();
+        params.kv_indptr = alone ? skv.view() : all_kv.view();
+        kvattn::BatchPrefill prefill;
+        prefill.plan(params);
+        HostTensor out(DType::f32, {alone ? 6 : qo_indptr.back(), hq, d});
+        out.poison();
+        if (alone)
+          prefill.run(rows(q, q0, 6), rows(k, k0, 406), rows(v, k0, 406), out.view());
+        else
+          prefill.run(q.view(), k.view(), v.view(), out.view());
+        // The 6 x hq x d floats of request 1.
+        std::vector<uint8_t> got(size_t(6 * hq * d * 4));
+        const int64_t first = alone ? 0 : q0;
+        std::memcpy(got.data(), static_cast<const char*>(out.view().data()) + first * hq * d * 4,
+                    got.size());
+        if (reference_bytes.empty()) reference_bytes = got;
+        EXPECT_EQ(got, reference_bytes)
+            << "workers " << workers << (alone ? ", alone" : ", in the batch");
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ using kvattn::TensorView;
 // Two decode requests (kv 5 and 17, page 16) with 8/2 heads, head dim 32, f16 everywhere.
 struct DecodeRig {
   Rng rng{12345};
-  PagedKV kv{PagedKVSpec{{5, 17}, 16, 2, 32, 32, DType::f16, KVLayout::NHD, false, false, 2}, rng};
+  PagedKV kv{PagedKVSpec{{5, 17}, 16, 2, 32, 32, DType::f16, KVLayout::NHD, false, false, false, 2}, rng};
   HostTensor q{DType::f16, {2, 8, 32}}, out{DType::f16, {2, 8, 32}}, lse{DType::f32, {2, 8}};
   kvattn::BatchDecode op;
   DecodeRig(kvattn::Variant v = {}) {

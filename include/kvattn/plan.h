@@ -49,15 +49,21 @@ struct CostModel {
 };
 
 // The kernel's tile: query tokens per item (all heads of one KV head's group) and the KV step.
-// Split chunks are multiples of kv_tokens (for a paged cache, pass a multiple of the page size).
+// Chunks the planner chooses are multiples of kv_tokens long (for a paged cache, pass a multiple of
+// the page size) and start at the tile's first visible token: token 0, so whole pages, unless a
+// sliding window cuts the range (fixed_split_size chunks are exactly that size, from the same
+// start).
 struct TileShape {
   int query_tokens = 16;
   int kv_tokens = 64;
 };
 
 // CUDA-graph mode: a capacity given once. The work list, the merge table and the partial-state
-// slots then have fixed sizes (derived from the capacity; see Plan::item_capacity()); padding
-// items are inactive, and a re-plan with new lengths rewrites the same buffers.
+// slots then have fixed sizes: items = kv_heads x (most query tiles max_batch requests of
+// max_tokens tokens can have) + max_split_items, merge entries = max_split_items, partial slots
+// = 2 x max_split_items. Padding items are inactive (worker -1), unused merge entries have
+// request -1, and a re-plan with new lengths rewrites the same buffers (a Planner's data pointers
+// stay put); a batch over the capacity is an error, and the split search keeps within it.
 struct GraphCapacity {
   int32_t max_batch = 0;         // requests
   int64_t max_tokens = 0;        // query tokens, all requests together
@@ -65,7 +71,7 @@ struct GraphCapacity {
 };
 
 struct SchedulerOptions {
-  int num_workers = 0;            // 0: the backend's default (CPU: its thread count)
+  int num_workers = 0;  // 0: the backend's default (CPU: its threads; GPU: SMs x resident CTAs)
   int fixed_split_size = 0;       // > 0: KV chunks of exactly this many tokens (batch-invariant)
   bool disable_split_kv = false;  // one chunk per (request, head, query tile) (batch-invariant)
   std::optional<GraphCapacity> cuda_graph;

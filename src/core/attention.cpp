@@ -205,7 +205,6 @@ void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, int64_t ba
   plan.qo_indptr.assign(ind.begin(), ind.end());
 }
 
-
 // ---- CPU schedule -------------------------------------------------------------------------------
 // The CPU backend's plan: query tiles of the engine's kQueryTile rows; KV chunks of whole pages
 // (paged) or whole column blocks (BSR), at least 64 tokens; causal masks and sliding windows
@@ -251,11 +250,14 @@ void plan_cpu(AttentionPlan& plan, const SchedulerOptions& scheduler) {
 // allocated here.
 void run_cpu(const AttentionPlan& plan, const cpu::EngineProblem& p, const TensorView& workspace) {
   std::optional<Plan> local;
-  const Plan& work = plan.cpu_work ? *plan.cpu_work : local.emplace(cpu_schedule(plan, plan.scheduler));
+  const Plan& work =
+      plan.cpu_work ? *plan.cpu_work : local.emplace(cpu_schedule(plan, plan.scheduler));
   std::span<float> scratch;
   const int64_t need = cpu::plan_scratch_floats(work, p.head_dim_vo);
-  if (need > 0 && workspace.defined() && workspace.device().is_cpu() && workspace.is_contiguous() &&
-      workspace.data() != nullptr && reinterpret_cast<uintptr_t>(workspace.data()) % alignof(float) == 0) {
+  const bool host_buffer = workspace.defined() && workspace.device().is_cpu() &&
+                           workspace.is_contiguous() && workspace.data() != nullptr &&
+                           reinterpret_cast<uintptr_t>(workspace.data()) % alignof(float) == 0;
+  if (need > 0 && host_buffer) {
     const int64_t floats = workspace.numel() * int64_t(dtype_size(workspace.dtype())) / 4;
     if (floats >= need) scratch = {static_cast<float*>(workspace.data()), size_t(floats)};
   }
@@ -301,6 +303,17 @@ void run_decode_gpu(const AttentionPlan& plan, const TensorView& q, const PagedK
                     KVLayout layout, const TensorView& out, const TensorView& lse, void* stream) {
   check_query_output(plan, q, out, lse);
   check_paged_cache(plan, kv, layout, q.device());
+  // The kernels copy K/V rows with 16-byte asynchronous copies.
+  const int64_t esz = int64_t(dtype_size(kv.k.dtype()));
+  for (const auto& [name, t] : {std::pair{"paged k", kv.k}, std::pair{"paged v", kv.v}}) {
+    const auto addr = reinterpret_cast<uintptr_t>(t.data());
+    KVATTN_CHECK(addr % 16 == 0, name, " starts at an address that is not 16-byte aligned (", t.describe(),
+                 "); the GPU decode kernels copy 16-byte pieces of each row");
+    for (int d = 0; d < 3; ++d)
+      KVATTN_CHECK((t.stride(d) * esz) % 16 == 0 || t.size(d) == 1, name, ".stride(", d, ") = ", t.stride(d),
+                   " elements is not a multiple of 16 bytes (", t.describe(),
+                   "); the GPU decode kernels copy 16-byte pieces of each row");
+  }
 #if KVATTN_WITH_CUDA
   KVATTN_CHECK(plan.gpu_decode != nullptr, "q is on ", q.device().str(),
                " but BatchDecode was planned for the CPU (give it a CUDA workspace)");

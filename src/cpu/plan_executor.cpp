@@ -23,13 +23,11 @@ struct Partials {
   float* lse = nullptr;
   int64_t rows = 0;
   int dvo = 0;
-  UnitState slot(int32_t s) const {
-    return {o + int64_t(s) * rows * dvo, lse + int64_t(s) * rows};
-  }
+  UnitState slot(int32_t s) const { return {o + int64_t(s) * rows * dvo, lse + int64_t(s) * rows}; }
 };
 
-WorkUnit unit_of(int32_t request, int32_t kv_head, int32_t q_begin, int32_t q_end,
-                 int32_t kv_begin, int32_t kv_end) {
+WorkUnit unit_of(int32_t request, int32_t kv_head, int32_t q_begin, int32_t q_end, int32_t kv_begin,
+                 int32_t kv_end) {
   return {request, kv_head, q_begin, q_end, kv_begin, kv_end};
 }
 

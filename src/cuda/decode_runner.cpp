@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/runtime.h"
@@ -38,8 +41,23 @@ DecodeRunner::~DecodeRunner() {
   if (staging_) cudaFreeHost(staging_);
 }
 
+namespace {
+// KVATTN_PLAN_TRACE=1 prints how long each phase of a GPU plan() took (stderr).
+struct PhaseTrace {
+  bool on = std::getenv("KVATTN_PLAN_TRACE") != nullptr;
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  void mark(const char* what) {
+    if (!on) return;
+    auto now = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "[plan] %-12s %8.1f us\n", what, std::chrono::duration<double, std::micro>(now - t).count());
+    t = now;
+  }
+};
+}  // namespace
+
 void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t workspace_bytes,
                         int device, cudaStream_t stream) {
+  PhaseTrace trace;
   require_cuda("BatchDecode.plan on a CUDA workspace");
   DeviceGuard guard(device);
   const DeviceInfo& dev = device_info(device);
@@ -49,6 +67,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
                                                 pr.variant.features);
   cudaKernel_t kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
   cudaKernel_t merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
+  trace.mark("kernels");
   const int smem = decode_smem_bytes(cfg);
   KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
                smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
@@ -59,6 +78,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
                                                       cfg.threads, smem),
         "querying the decode kernel's occupancy");
+  trace.mark("attributes");
   const int head_chunks = group / cfg.heads_per_cta;
   SchedulerOptions opts = pr.scheduler;
   if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
@@ -75,6 +95,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   in.tile = TileShape{1, cfg.tile_tokens};
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
   const Plan& plan = planner_.plan(in, opts);
+  trace.mark("planner");
 
   // Lay out the workspace.
   const int64_t batch = int64_t(pr.kv_len.size());
@@ -105,6 +126,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
     check(cudaMallocHost(&staging_, size_t(std::max<int64_t>(staging_need, 1 << 16))), "allocating the plan's staging buffer");
     staging_bytes_ = std::max<int64_t>(staging_need, 1 << 16);
   }
+  trace.mark("wait+alloc");
   if (!staged_) check(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "creating an event");
   char* host = static_cast<char*>(staging_);
   std::memset(host, 0, size_t(meta_bytes));
@@ -129,6 +151,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
     check(cudaMemcpyAsync(ws + L.indices, host + meta_bytes, size_t(nnz * 4), cudaMemcpyHostToDevice, stream),
           "copying the page table");
   check(cudaEventRecord(staged_, stream), "recording the plan's copy");
+  trace.mark("stage+copy");
 
   kernels::DecodeParams b{};
   b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.indptr);

@@ -1,5 +1,6 @@
 #include "support/attention_case.h"
 #include "support/device_mirror.h"
+#include "support/expect_error.h"
 
 #include <gtest/gtest.h>
 
@@ -110,7 +111,8 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
     v_ragged = make_tensor(c.kv(), {nkv, hkv, dvo}, c.strided);
   } else {
     PagedKVSpec spec{kv_lens, c.page_size, hkv, dqk, dvo, c.kv(), c.layout,
-                     c.store == KVStore::paged_combined, c.strided, int(rng.integer(0, 3))};
+                     c.store == KVStore::paged_combined, c.strided, c.kv_aligned_strides,
+                     int(rng.integer(0, 3))};
     paged.emplace(spec, rng);
   }
   for (size_t b = 0; b < B; ++b) {
@@ -195,6 +197,11 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
       }
       kvattn::BatchDecode op(workspace.view(), c.layout);
       op.plan(p);
+      if (!c.expect_error.empty()) {
+        EXPECT_KVATTN_ERROR(op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{}),
+                            c.expect_error);
+        return;
+      }
       op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{});
       device_synchronize();
       dout.copy_back(out);

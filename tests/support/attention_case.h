@@ -35,6 +35,8 @@ struct AttnCase {
   bool strided = false;  // padded row/head strides on q, k, v, out, lse
   bool want_lse = true;  // ignored for sigmoid attention (it has no lse)
   Fill fill = Fill::random;
+  bool kv_aligned_strides = false;  // with strided: KV strides stay 16-byte multiples (GPU)
+  std::string expect_error;  // non-empty: run() must throw kvattn::Error containing this
   bool on_gpu = false;   // run on cuda:0 (decode): inputs mirrored there, outputs copied back
   kvattn::SchedulerOptions scheduler{};
   double mask_density = 0.7;  // custom mask: probability that a bit is set

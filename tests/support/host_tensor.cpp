@@ -6,7 +6,8 @@
 
 namespace kvattn_test {
 
-HostTensor::HostTensor(kvattn::DType dtype, std::vector<int64_t> shape, std::vector<int64_t> pad)
+HostTensor::HostTensor(kvattn::DType dtype, std::vector<int64_t> shape, std::vector<int64_t> pad,
+                       int64_t guard)
     : dtype_(dtype), shape_(std::move(shape)) {
   const size_t n = shape_.size();
   pad.resize(n, 0);
@@ -16,7 +17,7 @@ HostTensor::HostTensor(kvattn::DType dtype, std::vector<int64_t> shape, std::vec
   strides_.assign(n, 1);
   for (int d = int(n) - 2; d >= 0; --d)
     strides_[size_t(d)] = strides_[size_t(d) + 1] * shape_[size_t(d) + 1] + pad[size_t(d)];
-  offset_ = padded ? 5 : 0;
+  offset_ = guard >= 0 ? guard : padded ? 5 : 0;
   int64_t extent = 1;  // one past the last element
   for (size_t d = 0; d < n; ++d) extent += (shape_[d] - 1) * strides_[d];
   if (numel() == 0) extent = 0;
@@ -28,6 +29,13 @@ HostTensor HostTensor::strided(kvattn::DType dtype, std::vector<int64_t> shape) 
   std::vector<int64_t> pad(shape.size(), 0);
   for (size_t d = 0; d + 1 < shape.size(); ++d) pad[d] = 1 + int64_t(d % 3);
   return HostTensor(dtype, std::move(shape), std::move(pad));
+}
+
+HostTensor HostTensor::strided_aligned(kvattn::DType dtype, std::vector<int64_t> shape) {
+  const int64_t a = 16 / int64_t(kvattn::dtype_size(dtype));
+  std::vector<int64_t> pad(shape.size(), 0);
+  for (size_t d = 0; d + 1 < shape.size(); ++d) pad[d] = a * (1 + int64_t(d % 3));
+  return HostTensor(dtype, std::move(shape), std::move(pad), a);
 }
 
 size_t HostTensor::esize() const { return kvattn::dtype_size(dtype_); }

@@ -21,9 +21,13 @@ class HostTensor {
   HostTensor() = default;
   // Contiguous when pad is empty; otherwise pad[d] extra elements after each index of dim d
   // (d < ndim - 1; the last dim stays contiguous), plus a few guard elements at both ends.
-  HostTensor(kvattn::DType dtype, std::vector<int64_t> shape, std::vector<int64_t> pad = {});
+  HostTensor(kvattn::DType dtype, std::vector<int64_t> shape, std::vector<int64_t> pad = {},
+             int64_t guard = -1);  // guard elements before the view; -1: 5 when padded
   // Same shape with every non-last dim padded by 1..3 elements (a strided view).
   static HostTensor strided(kvattn::DType dtype, std::vector<int64_t> shape);
+  // Padded too, but every stride and the start stay multiples of 16 bytes (what 16-byte vector
+  // loads and copies of rows need).
+  static HostTensor strided_aligned(kvattn::DType dtype, std::vector<int64_t> shape);
 
   kvattn::TensorView view() const;
   kvattn::DType dtype() const { return dtype_; }

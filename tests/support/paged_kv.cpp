@@ -48,6 +48,7 @@ PagedKV::PagedKV(const PagedKVSpec& spec, Rng& rng) : spec_(spec) {
                                         : std::vector<int64_t>{P, hkv, ps, d};
   };
   auto make = [&](std::vector<int64_t> shape) {
+    if (spec.strided && spec.aligned) return HostTensor::strided_aligned(spec.dtype, std::move(shape));
     return spec.strided ? HostTensor::strided(spec.dtype, std::move(shape))
                         : HostTensor(spec.dtype, std::move(shape));
   };

@@ -25,6 +25,7 @@ struct PagedKVSpec {
   kvattn::KVLayout layout = kvattn::KVLayout::NHD;
   bool combined = false;  // one [pages, 2, ...] tensor (needs head_dim_qk == head_dim_vo)
   bool strided = false;   // padded strides on every non-last dim
+  bool aligned = false;   // with strided: keep strides and start 16-byte multiples
   int extra_pages = 3;    // unused pages in the pool, at random places
 };
 
