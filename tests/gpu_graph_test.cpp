@@ -102,6 +102,8 @@ TEST(GpuGraph, CaptureOnceReplanAndReplay) {
     dlse.copy_back(lse);
 
     HostTensor out_b(DType::bf16, {B, hq, D}), lse_b(DType::f32, {B, hq});
+    out_b.poison();
+    lse_b.poison();
     std::vector<double> o_ref, mag, lse_ref;
     for (int b = 0; b < B; ++b) {
       ref::Request r{1, lens[size_t(b)], hq, hkv, D, D, qd.data() + size_t(b) * hq * D,

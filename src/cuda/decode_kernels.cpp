@@ -1,5 +1,7 @@
 #include "cuda/decode_kernels.h"
 
+#include <cstdlib>
+
 #include "kernels/decode/smem_layout.cuh"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
@@ -17,6 +19,7 @@ std::string DecodeKernelConfig::name() const {
   if (head_dim_vo != head_dim_qk) n += "x" + std::to_string(head_dim_vo);
   n += "_g" + std::to_string(heads_per_cta) + "_p" + std::to_string(page_size);
   n += "_f" + std::to_string(features);
+  if (persistent) n += "_persistent";
   return n;
 }
 
@@ -44,6 +47,10 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
     if (group % g == 0) c.heads_per_cta = g;
   c.stages = 2;
   c.threads = 128;
+  // One CTA per item measured faster than persistent workers on the H200 (docs/PERFORMANCE.md);
+  // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
+  const char* grid = std::getenv("KVATTN_DECODE_GRID");
+  c.persistent = grid && std::string(grid) == "workers";
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
   return c;
 }
@@ -85,7 +92,8 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
                  "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
                  spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
                  "  extern __shared__ __align__(16) char smem[];\n"
-                 "  kvattn::kernels::decode::run_worker<" + kernel + ">(p, smem);\n}\n";
+                 "  kvattn::kernels::decode::" + (c.persistent ? "run_worker<" : "run_one_item<") +
+                 kernel + ">(p, smem);\n}\n";
   return spec;
 }
 

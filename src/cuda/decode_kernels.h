@@ -21,6 +21,8 @@ struct DecodeKernelConfig {
   int stages = 2;
   int tile_tokens = 64;       // KV tokens per pipeline stage
   int threads = 128;
+  // true: one CTA per worker runs the planner's list for that worker; false: one CTA per item.
+  bool persistent = false;
 
   std::string name() const;   // "decode_mma_bf16_hd128_g4_p16_f0"
 };

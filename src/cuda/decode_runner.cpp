@@ -28,20 +28,15 @@ namespace {
 constexpr int64_t kAlign = 256;
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-// Byte offsets of the plan's sections in the workspace. Everything but the page ids has a size
-// fixed by the capacity, and the page ids come last, so a graph-mode re-plan moves nothing.
+// Byte offsets of the plan's sections in the workspace: the partial states (sized by the
+// capacity) first, then the metadata, then the page ids, so that one copy moves metadata and page
+// ids together and a graph-mode re-plan moves nothing that a captured launch points at.
 struct WorkspaceLayout {
-  int64_t items = 0, worker_begin = 0, merges = 0, indptr = 0, last_page_len = 0, meta_end = 0;
-  int64_t partial_o = 0, partial_lse = 0, indices = 0, end = 0;
+  int64_t partial_o = 0, partial_lse = 0;
+  int64_t items = 0, worker_begin = 0, merges = 0, indptr = 0, last_page_len = 0, indices = 0, end = 0;
+  int64_t meta_begin() const { return items; }
 };
-}  // namespace
 
-DecodeRunner::~DecodeRunner() {
-  if (staged_) cudaEventDestroy(staged_);
-  if (staging_) cudaFreeHost(staging_);
-}
-
-namespace {
 // KVATTN_PLAN_TRACE=1 prints how long each phase of a GPU plan() took (stderr).
 struct PhaseTrace {
   bool on = std::getenv("KVATTN_PLAN_TRACE") != nullptr;
@@ -49,11 +44,19 @@ struct PhaseTrace {
   void mark(const char* what) {
     if (!on) return;
     auto now = std::chrono::steady_clock::now();
-    std::fprintf(stderr, "[plan] %-12s %8.1f us\n", what, std::chrono::duration<double, std::micro>(now - t).count());
+    std::fprintf(stderr, "[plan] %-12s %8.1f us\n", what,
+                 std::chrono::duration<double, std::micro>(now - t).count());
     t = now;
   }
 };
 }  // namespace
+
+DecodeRunner::~DecodeRunner() {
+  for (Staging& st : staging_) {
+    if (st.copied) cudaEventDestroy(st.copied);
+    if (st.host) cudaFreeHost(st.host);
+  }
+}
 
 void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t workspace_bytes,
                         int device, cudaStream_t stream) {
@@ -65,28 +68,31 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
                                                 pr.head_dim_vo, group, pr.page_size,
                                                 pr.variant.features);
-  cudaKernel_t kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
-  cudaKernel_t merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
-  trace.mark("kernels");
+  // The kernels of the previous plan serve again when nothing that specialises them changed.
+  cudaKernel_t kernel = kernel_, merge = merge_kernel_;
+  int per_sm = per_sm_;
   const int smem = decode_smem_bytes(cfg);
-  KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
-               smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
-  check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        "raising the decode kernel's shared-memory limit");
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
-                                                      cfg.threads, smem),
-        "querying the decode kernel's occupancy");
-  trace.mark("attributes");
+  if (!kernel || device != device_ || cfg.name() != config_.name()) {
+    kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
+    merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
+    KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
+                 smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
+    check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "raising the decode kernel's shared-memory limit");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
+                                                        cfg.threads, smem),
+          "querying the decode kernel's occupancy");
+  }
+  trace.mark("kernels");
   const int head_chunks = group / cfg.heads_per_cta;
   SchedulerOptions opts = pr.scheduler;
   if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
 
   PlannerInputs in;
-  std::vector<int32_t> qo_indptr(pr.kv_len.size() + 1);
-  for (size_t i = 0; i < qo_indptr.size(); ++i) qo_indptr[i] = int32_t(i);
-  in.qo_indptr = qo_indptr;
+  qo_indptr_.resize(pr.kv_len.size() + 1);
+  for (size_t i = 0; i < qo_indptr_.size(); ++i) qo_indptr_[i] = int32_t(i);
+  in.qo_indptr = qo_indptr_;
   in.kv_len = pr.kv_len;
   in.num_qo_heads = pr.num_qo_heads;
   in.num_kv_heads = pr.num_kv_heads;
@@ -101,56 +107,65 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int64_t batch = int64_t(pr.kv_len.size());
   const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
   const int64_t rows = plan.partial_slot_rows();
+  const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
   WorkspaceLayout L;
-  L.items = 0;
-  L.worker_begin = align_up(L.items + plan.item_capacity() * int64_t(sizeof(WorkItem)));
-  L.merges = align_up(L.worker_begin + (plan.num_workers() + 1) * 4);
-  L.indptr = align_up(L.merges + std::max<int64_t>(1, plan.merge_capacity()) * int64_t(sizeof(MergeEntry)));
-  L.last_page_len = align_up(L.indptr + (batch_cap + 1) * 4);
-  L.meta_end = align_up(L.last_page_len + batch_cap * 4);
-  L.partial_o = L.meta_end;
-  L.partial_lse = align_up(L.partial_o + plan.slot_capacity() * rows * pr.head_dim_vo * 4);
-  L.indices = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
+  L.partial_o = 0;
+  L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
+  L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
+  L.worker_begin = L.items + plan.item_capacity() * int64_t(sizeof(WorkItem));
+  L.merges = L.worker_begin + (plan.num_workers() + 1) * 4;
+  L.indptr = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
+  L.last_page_len = L.indptr + (batch_cap + 1) * 4;
+  L.indices = L.last_page_len + batch_cap * 4;
   const int64_t nnz = int64_t(pr.kv_indices.size());
   L.end = L.indices + nnz * 4;
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
 
-  // Stage the metadata (items .. last_page_len) and the page ids in pinned memory, then copy.
-  const int64_t meta_bytes = L.meta_end, staging_need = meta_bytes + nnz * 4;
-  if (staged_) check(cudaEventSynchronize(staged_), "waiting for the previous plan's copy");
-  if (staging_need > staging_bytes_) {
-    if (staging_) check(cudaFreeHost(staging_), "freeing the plan's staging buffer");
-    staging_ = nullptr;
-    staging_bytes_ = 0;
-    check(cudaMallocHost(&staging_, size_t(std::max<int64_t>(staging_need, 1 << 16))), "allocating the plan's staging buffer");
-    staging_bytes_ = std::max<int64_t>(staging_need, 1 << 16);
+  // Stage metadata and page ids in pinned memory (the buffer used two plans ago), then one copy.
+  Staging& st = staging_[next_staging_];
+  const int64_t copy_bytes = L.end - L.meta_begin();
+  if (st.copied) check(cudaEventSynchronize(st.copied), "waiting for an earlier plan's copy");
+  if (copy_bytes > st.bytes) {
+    if (st.host) check(cudaFreeHost(st.host), "freeing a plan staging buffer");
+    st.host = nullptr;
+    st.bytes = 0;
+    const int64_t want = std::max<int64_t>(copy_bytes * 5 / 4, int64_t(1) << 16);
+    check(cudaMallocHost(&st.host, size_t(want)), "allocating a plan staging buffer");
+    st.bytes = want;
   }
+  if (!st.copied) check(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming), "creating an event");
   trace.mark("wait+alloc");
-  if (!staged_) check(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "creating an event");
-  char* host = static_cast<char*>(staging_);
-  std::memset(host, 0, size_t(meta_bytes));
-  auto items = plan.all_items();
-  std::memcpy(host + L.items, items.data(), items.size_bytes());
+  char* host = static_cast<char*>(st.host) - L.meta_begin();  // host + offset mirrors the workspace
+  auto* items = reinterpret_cast<WorkItem*>(host + L.items);
   auto* wb = reinterpret_cast<int32_t*>(host + L.worker_begin);
-  int32_t pos = 0;
-  for (int w = 0; w < plan.num_workers(); ++w) {
-    wb[w] = pos;
-    pos += int32_t(plan.worker_items(w).size());
+  int64_t pos = 0;
+  if (cfg.persistent) {  // the planner's order: each worker's list, longest first
+    for (int w = 0; w < plan.num_workers(); ++w) {
+      wb[w] = int32_t(pos);
+      for (const WorkItem& it : plan.worker_items(w)) items[pos++] = it;
+    }
+  } else {  // one CTA per item: round-robin over the workers' lists, so the longest items start first
+    for (size_t i = 0; pos < plan.num_items(); ++i)
+      for (int w = 0; w < plan.num_workers(); ++w) {
+        auto list = plan.worker_items(w);
+        if (i < list.size()) items[pos++] = list[i];
+      }
+    for (int w = 0; w <= plan.num_workers(); ++w) wb[w] = 0;
   }
-  wb[plan.num_workers()] = pos;
+  wb[plan.num_workers()] = int32_t(pos);
+  for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
   auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
-  for (int64_t i = 0; i < std::max<int64_t>(1, plan.merge_capacity()); ++i) merges[i].request = -1;
   std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
+  for (int64_t i = plan.num_merges(); i < merge_cap; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
   std::memcpy(host + L.indptr, pr.kv_indptr.data(), pr.kv_indptr.size_bytes());
   std::memcpy(host + L.last_page_len, pr.kv_last_page_len.data(), pr.kv_last_page_len.size_bytes());
-  std::memcpy(host + meta_bytes, pr.kv_indices.data(), pr.kv_indices.size_bytes());
+  std::memcpy(host + L.indices, pr.kv_indices.data(), pr.kv_indices.size_bytes());
   char* ws = static_cast<char*>(workspace);
-  check(cudaMemcpyAsync(ws, host, size_t(meta_bytes), cudaMemcpyHostToDevice, stream), "copying the plan");
-  if (nnz > 0)
-    check(cudaMemcpyAsync(ws + L.indices, host + meta_bytes, size_t(nnz * 4), cudaMemcpyHostToDevice, stream),
-          "copying the page table");
-  check(cudaEventRecord(staged_, stream), "recording the plan's copy");
+  check(cudaMemcpyAsync(ws + L.meta_begin(), st.host, size_t(copy_bytes), cudaMemcpyHostToDevice, stream),
+        "copying the plan");
+  check(cudaEventRecord(st.copied, stream), "recording the plan's copy");
+  next_staging_ ^= 1;
   trace.mark("stage+copy");
 
   kernels::DecodeParams b{};
@@ -171,9 +186,10 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   kernel_ = kernel;
   merge_kernel_ = merge;
   smem_bytes_ = smem;
+  per_sm_ = per_sm;
   device_ = device;
   head_chunks_ = head_chunks;
-  workers_ = plan.num_workers();
+  grid_ = cfg.persistent ? plan.num_workers() : opts.cuda_graph ? plan.item_capacity() : plan.num_items();
   merge_grid_ = opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
   workspace_used_ = L.end;
   base_ = b;
@@ -201,7 +217,8 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
   p.v_stride_token = t.v_stride_token;
   p.v_stride_head = t.v_stride_head;
   void* args[] = {&p};
-  check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(workers_), unsigned(head_chunks_)),
+  if (grid_ == 0) return;  // an empty batch
+  check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(grid_), unsigned(head_chunks_)),
                          dim3(unsigned(config_.threads)), args, size_t(smem_bytes_), stream),
         "launching the decode kernel");
   if (merge_grid_ > 0)

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "cuda/decode_kernels.h"
 #include "kernels/decode/params.cuh"
@@ -61,12 +62,19 @@ class DecodeRunner {
   Planner planner_;
   DecodeKernelConfig config_;
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
-  int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, workers_ = 0;
+  int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
+  std::vector<int32_t> qo_indptr_;  // 0, 1, ..., B for the planner
   int64_t merge_grid_ = 0, workspace_used_ = 0;
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
-  void* staging_ = nullptr;       // pinned host copy of the plan's metadata
-  int64_t staging_bytes_ = 0;
-  cudaEvent_t staged_ = nullptr;  // the last staging copy has finished reading `staging_`
+  int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
+  // Two pinned host buffers in turn: a plan() waits only for the copy made two plans ago.
+  struct Staging {
+    void* host = nullptr;
+    int64_t bytes = 0;
+    cudaEvent_t copied = nullptr;  // the copy out of `host` has finished
+  };
+  Staging staging_[2];
+  int next_staging_ = 0;
 };
 
 }  // namespace kvattn::cuda

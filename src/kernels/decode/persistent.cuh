@@ -21,6 +21,14 @@ __device__ void run_worker(const DecodeParams& p, char* smem) {
   }
 }
 
+// One CTA per work item (blockIdx.x indexes the staged list; inactive padding exits): the
+// hardware's block scheduler starts the next item on an SM as soon as one finishes.
+template <class Kernel>
+__device__ void run_one_item(const DecodeParams& p, char* smem) {
+  const DeviceWorkItem item = p.items[blockIdx.x];
+  if (item.active) Kernel::run_item(p, smem, item);
+}
+
 // Folds the partial states of split rows (SEMANTICS.md merge rule, in slot = KV order; sigmoid
 // attention: plain sum). One CTA per merge entry, threads over (head in group, dim).
 template <int ODT, int DVO, uint32_t FEATURES>
