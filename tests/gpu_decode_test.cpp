@@ -190,7 +190,7 @@ TEST(GpuDecode, MisalignedKVIsAnError) {
   c.num_kv_heads = 1;
   c.head_dim_qk = 64;
   c.strided = true;  // pads K/V rows by 1..3 elements: not 16-byte multiples
-  c.expect_error = "is not a multiple of 16 bytes";
+  c.expect_error = "the GPU decode kernels copy 16-byte pieces of each row";
   run_decode_case(c, rng);
 }
 

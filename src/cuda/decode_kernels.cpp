@@ -19,6 +19,8 @@ std::string DecodeKernelConfig::name() const {
   if (head_dim_vo != head_dim_qk) n += "x" + std::to_string(head_dim_vo);
   n += "_g" + std::to_string(heads_per_cta) + "_p" + std::to_string(page_size);
   n += "_f" + std::to_string(features);
+  if (threads != 128) n += "_t" + std::to_string(threads);
+  if (!tensor_cores && tile_tokens != 64) n += "_k" + std::to_string(tile_tokens);
   if (persistent) n += "_persistent";
   return n;
 }
@@ -52,6 +54,14 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   const char* grid = std::getenv("KVATTN_DECODE_GRID");
   c.persistent = grid && std::string(grid) == "workers";
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
+  // Keep at least two CTAs per SM (about 110 KB of shared memory each on a 228 KB SM): wide rows
+  // (f32 KV, head dim 256) take 32-token tiles on the CUDA-core path.
+  if (!c.tensor_cores && decode_smem_bytes(c) > 110 * 1024) c.tile_tokens = 32;
+  // On tensor cores the same holds with two warps (32-token tiles) for head dims above 128.
+  if (c.tensor_cores && decode_smem_bytes(c) > 110 * 1024) {
+    c.threads = 64;
+    c.tile_tokens = kernels::decode::mma_tile_tokens(2);
+  }
   return c;
 }
 

@@ -1,0 +1,63 @@
+// The GPU decode kernel choice (src/cuda/decode_kernels.cpp) is a plain host function: checked here
+// on every machine, GPU or not.
+#include <gtest/gtest.h>
+
+#if KVATTN_WITH_CUDA
+#include "cuda/decode_kernels.h"
+#include "kernels/variants/params.cuh"
+#include "support/expect_error.h"
+
+namespace {
+
+using kvattn::DType;
+using kvattn::cuda::choose_decode_config;
+using kvattn::cuda::decode_smem_bytes;
+
+TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQ) {
+  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
+  EXPECT_TRUE(c.tensor_cores);
+  EXPECT_EQ(c.heads_per_cta, 4);
+  EXPECT_EQ(c.page_size, 16);
+  EXPECT_FALSE(choose_decode_config(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
+  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
+  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
+                                    kvattn::kernels::kRope).tensor_cores);
+}
+
+TEST(DecodeConfig, HeadsPerCtaDividesTheGroup) {
+  EXPECT_EQ(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 7, 16, 0).heads_per_cta, 7);
+  EXPECT_EQ(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 32, 16, 0).heads_per_cta, 16);
+  EXPECT_EQ(choose_decode_config(DType::f16, DType::f32, DType::f16, 64, 64, 12, 16, 0).heads_per_cta, 6);
+  EXPECT_EQ(choose_decode_config(DType::f16, DType::f32, DType::f16, 64, 64, 1, 16, 0).heads_per_cta, 1);
+}
+
+TEST(DecodeConfig, CausalBitDroppedAndPageSizeBakedOnlyForPowersOfTwo) {
+  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 3,
+                                kvattn::kernels::kCausal | kvattn::kernels::kSoftCap);
+  EXPECT_EQ(c.features, uint32_t(kvattn::kernels::kSoftCap));
+  EXPECT_EQ(c.page_size, 0);
+  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 256, 0).page_size, 0);
+}
+
+TEST(DecodeConfig, SharedMemoryLeavesTwoCtasPerSm) {
+  for (DType kv : {DType::f32, DType::bf16, DType::e4m3})
+    for (int hd : {16, 64, 128, 256}) {
+      auto c = choose_decode_config(DType::bf16, kv, DType::bf16, hd, hd, 8, 16, 0);
+      // f32 rows of 256 elements: one CTA per SM (a 32-token tile of K and V is 130 KB).
+      const int limit = kv == DType::f32 && hd == 256 ? 200 * 1024 : 112 * 1024;
+      EXPECT_LE(decode_smem_bytes(c), limit) << c.name();
+    }
+}
+
+TEST(DecodeConfig, UnsupportedShapesAreErrors) {
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 512, 512, 4, 16, 0),
+                      "head dim 512 is not supported by the GPU decode kernels");
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 72, 72, 4, 16, 0),
+                      "head dim 72");
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
+                                           kvattn::kernels::kCustomMask),
+                      "custom masks are not supported by decode");
+}
+
+}  // namespace
+#endif
