@@ -46,6 +46,14 @@ void Variant::validate() const {
                  " must be > 0");
     KVATTN_CHECK(rope->rope_scale > 0, "variant.rope.rope_scale = ", rope->rope_scale,
                  " must be > 0");
+    if (rope->llama31) {
+      const Llama31Scaling& l = *rope->llama31;
+      KVATTN_CHECK(l.factor > 0 && l.original_max_position > 0, "variant.rope.llama31: factor = ",
+                   l.factor, " and original_max_position = ", l.original_max_position, " must be > 0");
+      KVATTN_CHECK(l.high_freq_factor > l.low_freq_factor && l.low_freq_factor > 0,
+                   "variant.rope.llama31: high_freq_factor = ", l.high_freq_factor,
+                   " must be greater than low_freq_factor = ", l.low_freq_factor, " > 0");
+    }
   }
 }
 

@@ -103,7 +103,7 @@ void compute_unit(const EngineProblem& p, const WorkUnit& u, const UnitState& st
           if (Variant::logits_mask(vp, c))
             sc = Variant::logits_transform(vp, vp.sm_scale * dot(qv, &s.k[size_t(t) * dqk], dqk), c);
           s.scores[size_t(t)] = sc;
-          tile_max = std::max(tile_max, sc);
+          if (sc > tile_max || sc != sc) tile_max = sc;  // a NaN logit poisons the row, as it should
         }
         if (!softmax) {
           for (int t = 0; t < nt; ++t) {

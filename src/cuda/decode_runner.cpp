@@ -146,11 +146,18 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
       for (const WorkItem& it : plan.worker_items(w)) items[pos++] = it;
     }
   } else {  // one CTA per item: round-robin over the workers' lists, so the longest items start first
-    for (size_t i = 0; pos < plan.num_items(); ++i)
-      for (int w = 0; w < plan.num_workers(); ++w) {
+    active_.clear();
+    for (int w = 0; w < plan.num_workers(); ++w)
+      if (!plan.worker_items(w).empty()) active_.push_back(w);
+    for (size_t i = 0; !active_.empty(); ++i) {  // O(items): exhausted workers drop out
+      size_t kept = 0;
+      for (int w : active_) {
         auto list = plan.worker_items(w);
-        if (i < list.size()) items[pos++] = list[i];
+        items[pos++] = list[i];
+        if (i + 1 < list.size()) active_[kept++] = w;
       }
+      active_.resize(kept);
+    }
     for (int w = 0; w <= plan.num_workers(); ++w) wb[w] = 0;
   }
   wb[plan.num_workers()] = int32_t(pos);

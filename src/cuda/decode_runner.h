@@ -64,6 +64,7 @@ class DecodeRunner {
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
   std::vector<int32_t> qo_indptr_;  // 0, 1, ..., B for the planner
+  std::vector<int> active_;         // scratch of the round-robin staging
   int64_t merge_grid_ = 0, workspace_used_ = 0;
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
   int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
