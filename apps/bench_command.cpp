@@ -1,18 +1,23 @@
 // `kvattn bench decode`: paged batch decode on the GPU, timed with CUDA events on a cold L2
 // (several copies of the KV cache in rotation), median of many runs, GB/s against the H200's
-// 4.8 TB/s, plan() time on the host; a table, and JSON with --json.
+// 4.8 TB/s, plan() time on the host (page ids on the device, and on the host); a table, and JSON
+// with --json. --cases picks cases by id (--list lists them); --save-io DIR exports each case's
+// inputs and outputs for the side-by-side run with the peers (bench/run-peers, apps/bench_io.h).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_io.h"
 #include "commands.h"
 #include "core/batch_shapes.h"
 #include "kvattn/kvattn.h"
@@ -26,31 +31,79 @@
 namespace {
 
 struct DecodeBenchCase {
-  std::string name;
+  std::string id;    // stable and file-name safe: b64_l4096_h32-8, zipf64_h32-8, ... (--list)
+  std::string name;  // the rows' "case"
   int num_qo_heads, num_kv_heads;
   std::vector<int32_t> lens;
   int page_size = 16;
+
+  std::string heads() const { return std::to_string(num_qo_heads) + "/" + std::to_string(num_kv_heads); }
+  int64_t kv_tokens() const { return std::accumulate(lens.begin(), lens.end(), int64_t(0)); }
+  double kv_gb() const { return double(kv_tokens()) * 2 * num_kv_heads * 128 * 2 / 1e9; }
+  bool too_big() const { return kv_gb() > 40; }  // 256 x 32k with 32 KV heads is 137 GB: more than the card holds
 };
 
 std::vector<DecodeBenchCase> decode_cases(bool quick) {
   std::vector<DecodeBenchCase> cases;
   const std::vector<int> batches = quick ? std::vector<int>{1, 64} : std::vector<int>{1, 16, 64, 256};
   const std::vector<int> lens = quick ? std::vector<int>{4096} : std::vector<int>{512, 4096, 32768};
+  auto id = [](int b, int l, int hq, int hkv) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "b%d_l%d_h%d-%d", b, l, hq, hkv);
+    return std::string(buf);
+  };
   for (auto [hq, hkv] : {std::pair{32, 8}, std::pair{32, 32}})
     for (int b : batches)
       for (int l : lens)
-        cases.push_back({std::to_string(b) + " x " + std::to_string(l), hq, hkv,
+        cases.push_back({id(b, l, hq, hkv), std::to_string(b) + " x " + std::to_string(l), hq, hkv,
                          std::vector<int32_t>(size_t(b), l)});
   // Skewed batches and their uniform twins with the same total KV.
   auto zipf = kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7);
-  cases.push_back({"64 zipf (mean 4k)", 32, 8, zipf});
+  cases.push_back({"zipf64_h32-8", "64 zipf (mean 4k)", 32, 8, zipf});
   auto one_long = kvattn::detail::one_long_lengths(32768, 63, 512);
-  cases.push_back({"1 x 32k + 63 x 512", 32, 8, one_long});
+  cases.push_back({"long32k_63x512_h32-8", "1 x 32k + 63 x 512", 32, 8, one_long});
   int64_t total = std::accumulate(one_long.begin(), one_long.end(), int64_t(0));
-  cases.push_back({"64 x " + std::to_string(total / 64) + " (same total)", 32, 8,
+  cases.push_back({id(64, int(total / 64), 32, 8), "64 x " + std::to_string(total / 64) + " (same total)", 32, 8,
                    std::vector<int32_t>(64, int32_t(total / 64))});
-  cases.push_back({"64 x 4096, page 1", 32, 8, std::vector<int32_t>(64, 4096), 1});
+  cases.push_back({"b64_l4096_p1_h32-8", "64 x 4096, page 1", 32, 8, std::vector<int32_t>(64, 4096), 1});
   return cases;
+}
+
+struct DecodeBenchOptions {
+  bool quick = false, json = false, list = false;
+  int iters = 30;
+  std::vector<std::string> cases;  // case ids to run; empty: every case
+  std::string save_io;  // export directory; empty: none
+  int64_t save_io_kv_mb = 256;
+};
+
+std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
+  auto cases = decode_cases(o.quick);
+  if (o.cases.empty()) return cases;
+  for (const auto& id : o.cases)
+    if (std::none_of(cases.begin(), cases.end(), [&](const DecodeBenchCase& c) { return c.id == id; }))
+      throw kvattn::Error("--cases: no case '" + id + "'" + (o.quick ? " with --quick" : "") + " (see --list)");
+  std::vector<DecodeBenchCase> picked;
+  for (auto& c : cases)
+    if (std::find(o.cases.begin(), o.cases.end(), c.id) != o.cases.end()) picked.push_back(std::move(c));
+  return picked;
+}
+
+// --list: the cases' ids and sizes; no GPU needed.
+void list_decode_cases(const DecodeBenchOptions& o) {
+  const auto cases = selected_cases(o);
+  nlohmann::json rows = nlohmann::json::array();
+  if (!o.json) std::printf("%-24s %-28s %6s %6s %10s %7s\n", "id", "case", "heads", "batch", "kv tokens", "KV GB");
+  for (const auto& c : cases) {
+    if (o.json)
+      rows.push_back({{"id", c.id}, {"case", c.name}, {"heads", c.heads()}, {"batch", c.lens.size()},
+                      {"kv_tokens", c.kv_tokens()}, {"page_size", c.page_size}, {"kv_gb", c.kv_gb()},
+                      {"skipped", c.too_big()}});
+    else
+      std::printf("%-24s %-28s %6s %6zu %10lld %7.2f%s\n", c.id.c_str(), c.name.c_str(), c.heads().c_str(),
+                  c.lens.size(), static_cast<long long>(c.kv_tokens()), c.kv_gb(), c.too_big() ? "  skipped" : "");
+  }
+  if (o.json) std::cout << rows.dump(1) << "\n";
 }
 
 #if KVATTN_WITH_CUDA
@@ -64,7 +117,7 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
 };
 
-nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_gbps) {
+nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io) {
   using kvattn::DType;
   using kvattn::TensorView;
   const int D = 128, P = c.page_size, B = int(c.lens.size());
@@ -84,9 +137,18 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   // Enough copies of the cache that one run's data has left the 60 MB L2 before it is read again.
   const int copies = int(std::clamp<double>(std::ceil(256e6 / (2.0 * cache_elems * 2)), 1, 8));
   DeviceBuffer<uint16_t> kv(2 * cache_elems * size_t(copies));
-  cuda_ok(cudaMemset(kv.ptr, 0x3c, 2 * cache_elems * copies * 2), "cudaMemset");  // bf16 ~0.0115
   DeviceBuffer<uint16_t> q(size_t(B) * c.num_qo_heads * D), out(size_t(B) * c.num_qo_heads * D);
-  cuda_ok(cudaMemset(q.ptr, 0x3c, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");
+  if (!io) {
+    cuda_ok(cudaMemset(kv.ptr, 0x3c, 2 * cache_elems * copies * 2), "cudaMemset");  // bf16 ~0.0115
+    cuda_ok(cudaMemset(q.ptr, 0x3c, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");
+  } else {  // --save-io: the generator's values (apps/bench_io.h), the same in every copy
+    kvattn_cli::upload_bench_values(q.ptr, size_t(B) * c.num_qo_heads * D, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
+    kvattn_cli::upload_bench_values(kv.ptr, cache_elems, kvattn_cli::kSeedK, kvattn_cli::kScaleKV);
+    kvattn_cli::upload_bench_values(kv.ptr + cache_elems, cache_elems, kvattn_cli::kSeedV, kvattn_cli::kScaleKV);
+    for (int i = 1; i < copies; ++i)
+      cuda_ok(cudaMemcpy(kv.ptr + size_t(i) * 2 * cache_elems, kv.ptr, 2 * cache_elems * 2, cudaMemcpyDeviceToDevice),
+              "cudaMemcpy (cache copies)");
+  }
   const int64_t ws_bytes = int64_t(512) << 20;
   DeviceBuffer<char> ws(static_cast<size_t>(ws_bytes));
 
@@ -100,18 +162,28 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   plan.page_table = {TensorView(indptr.data(), DType::i32, {int64_t(indptr.size())}),
                      TensorView(indices.data(), DType::i32, {pages}),
                      TensorView(last.data(), DType::i32, {int64_t(B)})};
-  // Steady state: the first plans allocate the pinned staging buffers and wait behind this
-  // benchmark's own setup (the memsets above), which a serving loop pays once.
+  // plan() time, median of 20 after 3 warm-up plans (the first ones allocate the pinned staging
+  // buffers and wait behind this benchmark's setup, which a serving loop pays once): with the
+  // page ids on the host (copied each plan) and on the device (read in place; what the timed
+  // runs below use, as serving frameworks keep the page table on the GPU).
+  DeviceBuffer<int32_t> device_indices(static_cast<size_t>(pages));
+  cuda_ok(cudaMemcpy(device_indices.ptr, indices.data(), size_t(pages) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
   cuda_ok(cudaDeviceSynchronize(), "setup");
-  for (int i = 0; i < 3; ++i) decode.plan(plan);
-  cuda_ok(cudaDeviceSynchronize(), "warm-up plans");
-  std::vector<double> plan_us;
-  for (int i = 0; i < 20; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    decode.plan(plan);
-    plan_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(plan_us.begin(), plan_us.end());
+  auto median_plan_us = [&] {
+    for (int i = 0; i < 3; ++i) decode.plan(plan);
+    cuda_ok(cudaDeviceSynchronize(), "warm-up plans");
+    std::vector<double> us;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      decode.plan(plan);
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  };
+  const double plan_host_table_us = median_plan_us();
+  plan.page_table.indices = TensorView(device_indices.ptr, DType::i32, {pages}, kvattn::Device::cuda(0));
+  const double plan_us = median_plan_us();
   auto cache_view = [&](int copy) {
     uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
     auto dev = kvattn::Device::cuda(0);
@@ -131,6 +203,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
     cuda_ok(cudaEventRecord(ev[size_t(2 * i + 1)]), "cudaEventRecord");
   }
   cuda_ok(cudaDeviceSynchronize(), "timed runs");
+  decode.check_errors();
   std::vector<float> ms(static_cast<size_t>(iters));
   for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
   for (auto& e : ev) cudaEventDestroy(e);
@@ -138,37 +211,64 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   const double med = ms[ms.size() / 2];
   const double bytes = kv_bytes + 2.0 * B * c.num_qo_heads * D * 2;
   const double gbps = bytes / (med * 1e-3) / 1e9;
-  return {{"op", "decode"}, {"case", c.name}, {"heads", std::to_string(c.num_qo_heads) + "/" + std::to_string(c.num_kv_heads)},
+  nlohmann::json row = {{"op", "decode"}, {"case", c.name}, {"heads", c.heads()},
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
-          {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us[plan_us.size() / 2]},
+          {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
+          {"plan_host_table_us", plan_host_table_us},
           {"l2_copies", copies}};
+  if (io) {  // one more run on copy 0, with lse, into a poisoned out; then export everything
+    DeviceBuffer<float> lse(size_t(B) * c.num_qo_heads);
+    cuda_ok(cudaMemset(out.ptr, 0xff, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");
+    decode.run(qv, cache_view(0), ov, TensorView(lse.ptr, DType::f32, {B, c.num_qo_heads}, kvattn::Device::cuda(0)));
+    cuda_ok(cudaDeviceSynchronize(), "run with lse");
+    decode.check_errors();
+    kvattn_cli::DecodeCaseIo e;
+    e.id = c.id;
+    e.fields = {{"op", "decode"}, {"case", c.name}, {"heads", c.heads()}, {"num_qo_heads", c.num_qo_heads},
+                {"num_kv_heads", c.num_kv_heads}, {"head_dim_qk", D}, {"head_dim_vo", D}, {"page_size", P},
+                {"num_pages", pages}, {"batch", B}, {"kv_lens", c.lens}, {"kv_tokens", tokens},
+                {"kv_layout", "NHD"}, {"causal", false}, {"sm_scale", 1.0 / std::sqrt(double(D))},
+                {"lse_base", 2}, {"row", row}};
+    e.batch = B, e.num_qo_heads = c.num_qo_heads, e.num_kv_heads = c.num_kv_heads, e.head_dim = D;
+    e.num_pages = pages, e.page_size = P;
+    e.q = q.ptr, e.k_cache = kv.ptr, e.v_cache = kv.ptr + cache_elems, e.out = out.ptr, e.lse = lse.ptr;
+    e.indptr = &indptr, e.indices = &indices, e.last_page_len = &last;
+    kvattn_cli::export_decode_case(*io, e);
+  }
+  return row;
 }
 #endif
 
-void bench_decode(bool quick, bool json, int iters) {
+void bench_decode(const DecodeBenchOptions& o) {
+  if (o.list) return list_decode_cases(o);
+  const bool json = o.json;
+  const auto cases = selected_cases(o);
 #if KVATTN_WITH_CUDA
   kvattn::cuda::require_cuda("kvattn bench decode");
+  std::unique_ptr<kvattn_cli::IoExport> io;
+  if (!o.save_io.empty())
+    io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench decode", o.save_io_kv_mb << 20);
   nlohmann::json rows = nlohmann::json::array();
   if (!json)
-    std::printf("%-28s %6s %10s %10s %8s %9s\n", "decode (bf16, hd 128)", "heads", "time", "GB/s", "% 4.8T", "plan");
-  for (const auto& c : decode_cases(quick)) {
-    const double kv_gb = std::accumulate(c.lens.begin(), c.lens.end(), 0.0) * 2 * c.num_kv_heads * 128 * 2 / 1e9;
-    if (kv_gb > 40) {  // 256 x 32k with 32 KV heads is 137 GB: more than the card holds
-      if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(),
-                             (std::to_string(c.num_qo_heads) + "/" + std::to_string(c.num_kv_heads)).c_str(), kv_gb);
+    std::printf("%-28s %6s %10s %10s %8s %9s %10s\n", "decode (bf16, hd 128)", "heads", "time", "GB/s", "% 4.8T",
+                "plan", "plan(host)");
+  for (const auto& c : cases) {
+    if (c.too_big()) {
+      if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(), c.heads().c_str(), c.kv_gb());
       continue;
     }
-    auto row = run_decode_case(c, iters, 4800.0);
+    auto row = run_decode_case(c, o.iters, 4800.0, io.get());
     if (!json)
-      std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us\n", c.name.c_str(),
+      std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us %7.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), row["ms"].get<double>() * 1e3,
-                  row["GBps"].get<double>(), row["pct_of_4800"].get<double>(), row["plan_us"].get<double>());
+                  row["GBps"].get<double>(), row["pct_of_4800"].get<double>(), row["plan_us"].get<double>(),
+                  row["plan_host_table_us"].get<double>());
     std::fflush(stdout);
     rows.push_back(row);
   }
   if (json) std::cout << rows.dump(1) << "\n";
 #else
-  (void)quick; (void)json; (void)iters;
+  (void)json;
   throw kvattn::Error("kvattn bench decode needs the CUDA backend, and this build has none");
 #endif
 }
@@ -178,12 +278,23 @@ void bench_decode(bool quick, bool json, int iters) {
 void register_bench_command(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "GPU benchmarks (CUDA events, cold L2, median of runs)");
   bench->require_subcommand(1);
+  register_bench_prefill(*bench);  // apps/bench_prefill.cpp
   auto* decode = bench->add_subcommand("decode", "paged batch decode: Llama-3-8B (32/8) and MHA 32/32 heads, "
                                                   "head dim 128, page 16, bf16; uniform and skewed batches");
-  static bool quick = false, json = false;
-  static int iters = 30;
-  decode->add_flag("--quick", quick, "a few shapes only");
-  decode->add_flag("--json", json, "print the rows as JSON");
-  decode->add_option("--iters", iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
-  decode->callback([] { bench_decode(quick, json, iters); });
+  static DecodeBenchOptions o;
+  decode->add_flag("--quick", o.quick, "a few shapes only");
+  decode->add_flag("--json", o.json, "print the rows as JSON");
+  decode->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
+  decode->add_flag("--list", o.list, "list the cases (id, shape, KV size) and run nothing; no GPU needed");
+  decode->add_option("--cases", o.cases, "run only these case ids, comma-separated (see --list)")
+      ->delimiter(',');
+  decode->add_option("--save-io", o.save_io,
+                     "export each case's q, paged K/V cache, page table, out and lse (.npy) and "
+                     "DIR/manifest.json for bench/run-peers; q and K/V then hold generated values")
+      ->type_name("DIR");
+  decode->add_option("--save-io-kv-mb", o.save_io_kv_mb,
+                     "with --save-io, write a case's K and V caches only when together at most this many MiB "
+                     "(readers regenerate larger ones from the manifest's generator)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  decode->callback([] { bench_decode(o); });
 }

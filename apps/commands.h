@@ -40,3 +40,5 @@ void register_jit_command(CLI::App& app);
 void register_plan_command(CLI::App& app);
 // `kvattn bench decode`: GPU benchmarks (apps/bench_command.cpp).
 void register_bench_command(CLI::App& app);
+// `kvattn bench prefill`, registered on the bench subcommand (apps/bench_prefill.cpp).
+void register_bench_prefill(CLI::App& bench);

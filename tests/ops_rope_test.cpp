@@ -201,9 +201,14 @@ TEST(OpsApplyRopeErrors, EachBadArgumentIsNamedAndNothingIsWritten) {
                           "q_out aliases q with other strides"));
   EXPECT_TRUE(throws_with(call(Q, K, QO, ko.view({n, kHk, kD}, kvattn::Device::cuda(0)), P), "k_out is on cuda:0 but q is on cpu"));
   const auto cuda = kvattn::Device::cuda(0);
+#if KVATTN_WITH_CUDA
+  const char* no_gpu_rope = "q is on cuda:0 but apply_rope has no GPU implementation yet; pass host (cpu) tensors";
+#else
+  const char* no_gpu_rope = "q is on cuda:0 but this build of kvattn has no CUDA backend; pass host (cpu) tensors";
+#endif
   EXPECT_TRUE(throws_with(call(in.buf.view({n, kHq, kD}, {in.rs, in.hs, 1}, 0, cuda), in.buf.view({n, kHk, kD}, {in.rs, in.hs, 1}, kHq * in.hs, cuda),
                                qo.view({n, kHq, kD}, cuda), ko.view({n, kHk, kD}, cuda), P),
-                          "q is on cuda:0 but this build of kvattn has no CUDA backend; pass host (cpu) tensors"));
+                          no_gpu_rope));
   Checker c("outputs after rejected calls");
   for (int64_t i = 0; i < qo.size(); ++i) c.truth(qo.poisoned(i), "q_out " + std::to_string(i));
   for (int64_t i = 0; i < ko.size(); ++i) c.truth(ko.poisoned(i), "k_out " + std::to_string(i));

@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "kvattn/kvattn.h"
+#if KVATTN_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
 
 namespace ops_test {
 
@@ -228,5 +231,25 @@ inline std::string idx(std::initializer_list<int64_t> i) {
 }
 
 inline const DType kFloatDtypes[] = {DType::f32, DType::f16, DType::bf16};
+
+// Calls on tensors labelled cuda:0 whose memory is on the host: builds without the CUDA backend
+// reject the device, CUDA builds on a machine without a device say so. Where a device is present
+// such a call would launch a kernel on host memory, so the CPU suites leave it out
+// (gpu_ops_test.cpp covers CUDA tensors).
+inline bool cuda_device_present() {
+#if KVATTN_WITH_CUDA
+  return kvattn::cuda::cuda_available();
+#else
+  return false;
+#endif
+}
+// The message such a call fails with here, for the argument `name` it names.
+inline std::string no_cuda_message(const std::string& name) {
+#if KVATTN_WITH_CUDA
+  return "no CUDA device: ";  // "... (needed for <name> on cuda:0)"
+#else
+  return name + " is on cuda:0 but this build of kvattn has no CUDA backend; pass host (cpu) tensors";
+#endif
+}
 
 }  // namespace ops_test

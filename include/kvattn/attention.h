@@ -48,11 +48,21 @@ class BatchDecode {
   BatchDecode& operator=(BatchDecode&&) noexcept;
 
   // With a CUDA workspace, plan() stages the work list and page table into it on `stream` (a
-  // cudaStream_t; null: the default stream) and run() only launches.
+  // cudaStream_t; null: the default stream) and run() only launches. The page table's indices
+  // may then live on the workspace's device (as in FlashInfer): plan() reads only indptr and
+  // last_page_len, in O(batch), and the kernels read the ids in place at run time, so the caller
+  // may rewrite them between plan() and run() (or graph replays) as long as the lengths hold.
   void plan(const BatchDecodePlan& params, void* stream = nullptr);
   // lse is optional ([B, Hq] f32, base 2). stream: a cudaStream_t for CUDA tensors, else ignored.
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;
+  // Device-resident page ids are checked by the kernels, not on the host: an id outside
+  // [0, num_pages) is never read through, the rows of its request come out NaN, and the first
+  // one is recorded. check_errors() waits for `stream` and throws kvattn::Error naming it
+  // ("kv_indices[17] = 9000 is out of range [0, 4096) ..."), clearing the record; it returns
+  // quietly when every run since the last plan() or check was clean (always, on the CPU, where
+  // run() validates the ids before computing).
+  void check_errors(void* stream = nullptr) const;
 
   // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
   // inspection and tests; null before plan().
@@ -85,7 +95,9 @@ class BatchPrefill {
   BatchPrefill(BatchPrefill&&) noexcept;
   BatchPrefill& operator=(BatchPrefill&&) noexcept;
 
-  void plan(const BatchPrefillPlan& params);
+  // With a CUDA workspace, plan() stages the work list, index arrays and custom mask into it on
+  // `stream` (a cudaStream_t; null: the default stream) and run() only launches.
+  void plan(const BatchPrefillPlan& params, void* stream = nullptr);
   // Paged KV (the plan must have a page table).
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;

@@ -40,7 +40,8 @@ struct PagedKVCache {
 
 // Which pages each request owns (SEMANTICS.md, "Paged KV cache"). int32 arrays on the host for
 // plan(): indptr [B+1], indices [nnz], last_page_len [B] (1..page_size for a request with pages).
-// A request's length is page_size * (pages - 1) + last_page_len, or 0 with no pages.
+// A request's length is page_size * (pages - 1) + last_page_len, or 0 with no pages. BatchDecode
+// on the GPU also takes indices on the device (attention.h, BatchDecode::plan).
 struct PageTable {
   TensorView indptr;
   TensorView indices;

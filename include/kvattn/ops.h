@@ -1,4 +1,13 @@
 // Stand-alone operations: merging attention states, appending to the paged cache, RoPE.
+//
+// CPU and CUDA tensors. All tensors of one call live on one device; the call runs there (apply_rope:
+// CPU only so far). On CUDA tensors (builds with the CUDA backend) a call validates on the host what
+// it can without reading device memory (shapes, dtypes, devices, strides, and that every pointer is
+// aligned to its element size), then only launches a kernel on `stream` (a cudaStream_t; null: the
+// legacy default stream) on the tensors' device: it allocates nothing, does not synchronise, and
+// may be captured in a CUDA graph. The first call of a kernel on a device compiles or loads it
+// (JIT, `kvattn jit precompile`): make one call before capturing. Errors the host cannot see
+// (the values of device index arrays) are handled by the kernel as documented per operation.
 #pragma once
 
 #include "kvattn/formats.h"
@@ -12,12 +21,13 @@ namespace kvattn {
 // have any of the three. Arithmetic is f32. Any strides are allowed as long as the head dim (the
 // last) is contiguous; an output may alias an input exactly (same pointer and strides). A side with
 // lse = -inf leaves the other unchanged (its o is not read); both -inf give o = 0, lse = -inf.
+// The same on the GPU (the states' f32 fold may differ from the CPU's in the last bits).
 // stream: a cudaStream_t for CUDA tensors, else ignored (likewise below).
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
                  const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
                  void* stream = nullptr);
-// v <- v (+) v_other in place; rows whose mask byte ([n] u8) is 0 are left untouched (v and s).
-// v_other has v's dtype.
+// v <- v (+) v_other in place; rows whose mask byte ([n] u8, any stride; on the device of v) is 0
+// are left untouched (v and s). v_other has v's dtype.
 void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
                           const TensorView& s_other, const TensorView& mask = {},
                           void* stream = nullptr);
@@ -27,14 +37,27 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
                   const TensorView& s_out, void* stream = nullptr);
 
 // Writes row r of append_k / append_v ([nnz, Hkv, D] and [nnz, Hkv, Dv]) at token positions[r] of
-// request batch_indices[r] (both [nnz] int32 on the host): page kv_indices[kv_indptr[b] + pos /
-// page_size], slot pos % page_size, in either layout, split or combined (5-D) caches. The page
-// table already describes the lengths after the append, so positions[r] must lie in [0, kv_len(b)).
-// The append dtype may differ from the cache's (e.g. bf16 rows into an e4m3 cache): values are
-// converted with round-to-nearest-even, fp8 saturating at its largest finite value and with no
-// scaling (divide by k_scale / v_scale before appending if the attention uses them); equal dtypes
-// copy the bits. Two rows may not target the same cache slot. Everything is validated before the
-// first write, so a rejected call leaves the cache untouched.
+// request batch_indices[r] (both [nnz] int32): page kv_indices[kv_indptr[b] + pos / page_size],
+// slot pos % page_size, in either layout, split or combined (5-D) caches. The page table already
+// describes the lengths after the append, so positions[r] must lie in [0, kv_len(b)). The append
+// dtype may differ from the cache's (e.g. bf16 rows into an e4m3 cache): values are converted with
+// round-to-nearest-even, fp8 saturating at its largest finite value and with no scaling (divide by
+// k_scale / v_scale before appending if the attention uses them); equal dtypes copy the bits. The
+// GPU writes the same bits as the CPU.
+//
+// Where the index arrays live, and what is checked:
+//  - CPU cache: batch_indices, positions and the page table are host arrays. Everything is
+//    validated before the first write (indices in range, kv_indptr monotone, last_page_len in
+//    [1, page_size], no two rows targeting the same slot), so a rejected call leaves the cache
+//    untouched.
+//  - CUDA cache: batch_indices, positions and the three page-table arrays are contiguous int32
+//    tensors on the cache's device (host arrays are rejected; nothing is copied). The host checks
+//    their shapes, dtypes, devices and alignment, never their values. The kernel checks every
+//    index it reads: a row whose request is outside [0, batch_size), whose position is outside
+//    [0, kv_len(b)), whose request has inconsistent kv_indptr / kv_last_page_len entries, or whose
+//    page id is outside [0, num_pages) is skipped (nothing is written for it; no write ever lands
+//    outside the cache), without an error being reported. Two rows targeting one slot are not
+//    detected on the GPU: which values land there is unspecified.
 void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
                            const TensorView& batch_indices, const TensorView& positions,
                            const PagedKVCache& cache, const PageTable& page_table,

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "core/attention_plan.h"
+#include "core/prefill_gpu.h"
 #include "core/validate.h"
 #include "cpu/attention_engine.h"
 #include "cpu/plan_executor.h"
@@ -49,21 +50,32 @@ void plan_custom_mask(AttentionPlan& plan, const TensorView& mask, const TensorV
   plan.variant.mask_indptr = plan.mask_indptr.data();
 }
 
-void plan_page_table(AttentionPlan& plan, const PageTable& table, int page_size) {
-  auto info = validate::page_table(table, page_size);
+// Validates and records a page table. for_gpu_decode: the page ids are not copied into the plan
+// (the GPU decode runner stages host ids itself) and may live on the device.
+validate::PageTableInfo plan_page_table(AttentionPlan& plan, const PageTable& table, int page_size,
+                                        bool for_gpu_decode = false) {
+  auto info = validate::page_table(table, page_size, -1, for_gpu_decode);
   plan.page_size = page_size;
   plan.kv_indptr.assign(info.indptr.begin(), info.indptr.end());
-  plan.kv_indices.assign(info.indices.begin(), info.indices.begin() + info.indptr.back());
   plan.last_page_len.assign(info.last_page_len.begin(), info.last_page_len.end());
   plan.kv_len.resize(size_t(info.batch_size));
   for (int64_t b = 0; b < info.batch_size; ++b)
     plan.kv_len[size_t(b)] = validate::paged_kv_len(info, page_size, b);
-  plan.max_page_index = -1;
-  for (const int32_t& i : plan.kv_indices) {  // by reference: &i gives the position
-    KVATTN_CHECK(i >= 0, "kv_indices[", &i - plan.kv_indices.data(), "] = ", i,
-                 " is out of range [0, num_pages)");
-    plan.max_page_index = std::max<int64_t>(plan.max_page_index, i);
+  plan.device_kv_indices = info.device_indices != nullptr;
+  info.indices = info.indices.first(plan.device_kv_indices ? 0 : size_t(info.indptr.back()));
+  // One pass for the smallest and largest id (the run checks the largest against the cache).
+  int32_t lo = 0, hi = -1;
+  int64_t lo_pos = -1;
+  plan.max_page_pos = -1;
+  for (size_t i = 0; i < info.indices.size(); ++i) {
+    const int32_t id = info.indices[i];
+    if (id < lo) { lo = id; lo_pos = int64_t(i); }
+    if (id > hi) { hi = id; plan.max_page_pos = int64_t(i); }
   }
+  KVATTN_CHECK(lo_pos < 0, "kv_indices[", lo_pos, "] = ", lo, " is out of range [0, num_pages)");
+  plan.max_page_index = hi;
+  if (!for_gpu_decode) plan.kv_indices.assign(info.indices.begin(), info.indices.end());
+  return info;
 }
 
 // ---- run-time checks --------------------------------------------------------------------------
@@ -166,12 +178,8 @@ void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayo
   validate::dim("paged k", kv.k, 3, s.head_dim_qk, "head_dim_qk");
   validate::dim("paged v", kv.v, 3, s.head_dim_vo, "head_dim_vo");
   validate::dim("paged v", kv.v, 0, kv.k.size(0), "paged k.shape[0] (num_pages)");
-  if (plan.max_page_index >= kv.num_pages()) {
-    auto it = std::find_if(plan.kv_indices.begin(), plan.kv_indices.end(),
-                           [&](int32_t i) { return i >= kv.num_pages(); });
-    detail::throw_error("kv_indices[", it - plan.kv_indices.begin(), "] = ", *it,
-                        " is out of range [0, ", kv.num_pages(), ")");
-  }
+  KVATTN_CHECK(plan.max_page_index < kv.num_pages(), "kv_indices[", plan.max_page_pos, "] = ",
+               plan.max_page_index, " is out of range [0, ", kv.num_pages(), ")");
 }
 
 void add_paged_segments(const AttentionPlan& plan, const PagedKVCache& kv, cpu::EngineProblem& p) {
@@ -266,9 +274,12 @@ void run_cpu(const AttentionPlan& plan, const cpu::EngineProblem& p, const Tenso
 
 // ---- GPU decode -------------------------------------------------------------------------------
 void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
-                     const SchedulerOptions& scheduler, void* stream) {
+                     const validate::PageTableInfo& table, const SchedulerOptions& scheduler,
+                     void* stream) {
 #if KVATTN_WITH_CUDA
   validate::ndim("workspace", workspace, 1);
+  KVATTN_CHECK(!table.device_indices || table.indices_device == workspace.device(), "kv_indices is on ",
+               table.indices_device.str(), " but the workspace is on ", workspace.device().str());
   KVATTN_CHECK(workspace.is_contiguous() && workspace.data() != nullptr,
                "workspace must be a contiguous, non-null buffer, got ", workspace.describe());
   plan.gpu_decode = previous && previous->gpu_decode ? previous->gpu_decode
@@ -286,14 +297,15 @@ void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const T
   pr.o_dtype = s.o_dtype;
   pr.variant = plan.variant;
   pr.kv_indptr = plan.kv_indptr;
-  pr.kv_indices = plan.kv_indices;
+  pr.kv_indices = table.indices;
+  pr.device_kv_indices = table.device_indices;
   pr.kv_last_page_len = plan.last_page_len;
   pr.kv_len = kv_len;
   pr.scheduler = scheduler;
   plan.gpu_decode->plan(pr, workspace.data(), workspace.numel() * int64_t(dtype_size(workspace.dtype())),
                         workspace.device().index, static_cast<cudaStream_t>(stream));
 #else
-  (void)plan; (void)previous; (void)scheduler; (void)stream;
+  (void)plan; (void)previous; (void)table; (void)scheduler; (void)stream;
   detail::throw_error("the workspace is on ", workspace.device().str(),
                       " but this build of kvattn has no CUDA backend");
 #endif
@@ -331,6 +343,7 @@ void run_decode_gpu(const AttentionPlan& plan, const TensorView& q, const PagedK
   }
   t.k = kv.k.data();
   t.v = kv.v.data();
+  t.num_pages = kv.num_pages();
   t.k_stride_page = kv.k.stride(0);
   t.k_stride_token = kv.k_token_stride();
   t.k_stride_head = kv.k_head_stride();
@@ -360,12 +373,13 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
   plan->variant = detail::make_variant_params(plan->shape);
-  plan_page_table(*plan, params.page_table, params.page_size);
+  const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
+  const auto table = plan_page_table(*plan, params.page_table, params.page_size, gpu);
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
-  if (workspace_.defined() && !workspace_.device().is_cpu()) {
+  if (gpu) {
     plan->scheduler = params.scheduler;
-    plan_decode_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
+    plan_decode_gpu(*plan, plan_.get(), workspace_, table, params.scheduler, stream);
   } else {
     plan_cpu(*plan, params.scheduler);
   }
@@ -385,6 +399,15 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   run_cpu(*plan_, p, workspace_);
 }
 
+void BatchDecode::check_errors(void* stream) const {
+  check_plan(plan_, "BatchDecode");
+#if KVATTN_WITH_CUDA
+  if (plan_->gpu_decode) plan_->gpu_decode->check_errors(static_cast<cudaStream_t>(stream));
+#else
+  (void)stream;
+#endif
+}
+
 const Plan* BatchDecode::schedule() const {
   if (!plan_) return nullptr;
 #if KVATTN_WITH_CUDA
@@ -400,7 +423,7 @@ BatchPrefill::~BatchPrefill() = default;
 BatchPrefill::BatchPrefill(BatchPrefill&&) noexcept = default;
 BatchPrefill& BatchPrefill::operator=(BatchPrefill&&) noexcept = default;
 
-void BatchPrefill::plan(const BatchPrefillPlan& params) {
+void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   auto plan = std::make_unique<AttentionPlan>();
   plan->shape = detail::resolve_shape(params);
   plan->variant = detail::make_variant_params(plan->shape);
@@ -419,13 +442,24 @@ void BatchPrefill::plan(const BatchPrefillPlan& params) {
   }
   plan_qo_indptr(*plan, params.qo_indptr, int64_t(plan->kv_len.size()));
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
-  plan_cpu(*plan, params.scheduler);
-  plan_ = std::move(plan);
+  if (workspace_.defined() && !workspace_.device().is_cpu()) {
+    plan->scheduler = params.scheduler;
+    detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
+  } else {
+    plan_cpu(*plan, params.scheduler);
+  }
+  plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
 void BatchPrefill::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                        const TensorView& lse, void* stream) const {
   check_plan(plan_, "BatchPrefill");
+  if (!q.device().is_cpu()) {
+    check_query_output(*plan_, q, out, lse);
+    check_paged_cache(*plan_, kv, kv_layout_, q.device());
+    detail::run_prefill_gpu(*plan_, q, &kv, nullptr, nullptr, out, lse, stream);
+    return;
+  }
   cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
   check_paged_cache(*plan_, kv, kv_layout_, q.device());
   add_paged_segments(*plan_, kv, p);
@@ -438,9 +472,18 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
   const AttentionPlan& plan = *plan_;
   KVATTN_CHECK(plan.kind == KVKind::ragged,
                "run() was given ragged k and v but the plan was made for a paged KV cache");
-  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
   const auto& s = plan.shape;
   int64_t nnz = plan.kv_indptr.back();
+  if (!q.device().is_cpu()) {
+    check_query_output(plan, q, out, lse);
+    check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
+                      "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
+    check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
+                      "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+    detail::run_prefill_gpu(plan, q, nullptr, &k, &v, out, lse, stream);
+    return;
+  }
+  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
   check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
                     "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
   check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
@@ -469,7 +512,11 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
 }
 
 const Plan* BatchPrefill::schedule() const {
-  return plan_ && plan_->cpu_work ? &*plan_->cpu_work : nullptr;
+  if (!plan_) return nullptr;
+#if KVATTN_WITH_CUDA
+  if (plan_->gpu_prefill) return &plan_->gpu_prefill->schedule();
+#endif
+  return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
 }
 
 // ---- BlockSparseAttention -----------------------------------------------------------------------

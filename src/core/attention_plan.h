@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "cuda/decode_runner.h"
+#include "cuda/prefill_runner.h"
 #endif
 
 namespace kvattn::detail {
@@ -45,12 +46,18 @@ struct AttentionPlan {
   std::vector<int32_t> mask_indptr;
   int64_t bsr_M = 0, bsr_N = 0, bsr_R = 1, bsr_C = 1;
   int64_t max_page_index = -1;         // largest page id referenced (checked against the cache)
+  int64_t max_page_pos = -1;           // its position in kv_indices
+  // GPU decode: kv_indices is not copied into the plan (host arrays go straight to the device
+  // workspace; a device-resident table is read in place and checked by the kernels).
+  bool device_kv_indices = false;
   // The CPU backend's schedule (src/cpu/plan_executor.h) and the options it was made with.
   SchedulerOptions scheduler;
   std::optional<Plan> cpu_work;
 #if KVATTN_WITH_CUDA
   // The GPU side of a decode plan (kept across plans: graph mode reuses its buffers).
   std::shared_ptr<cuda::DecodeRunner> gpu_decode;
+  // The GPU side of a prefill plan (src/core/prefill_gpu.cpp), kept across plans likewise.
+  std::shared_ptr<cuda::PrefillRunner> gpu_prefill;
 #endif
 
   int64_t batch_size() const { return int64_t(qo_indptr.size()) - 1; }

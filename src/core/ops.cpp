@@ -8,6 +8,10 @@
 //   converted (round to nearest even; fp8 saturates at its largest finite value, no scaling).
 //   Same dtypes copy bits. Two rows may not write the same cache slot.
 // - apply_rope: q_out/k_out have the dtypes of q/k; out may alias in (same pointer and strides).
+// - CUDA tensors (merge ops, append): the host checks what it can without reading device memory
+//   (shapes, dtypes, devices, strides, element alignment); the append kernel guards the index
+//   arrays it reads (a row with an out-of-range index is skipped). Launches only: no allocation,
+//   no synchronisation, on the caller's stream.
 #include "kvattn/ops.h"
 
 #include <algorithm>
@@ -19,13 +23,27 @@
 #include "core/validate.h"
 #include "cpu/ops.h"
 
+#if KVATTN_WITH_CUDA
+#include "cuda/append_kernels.h"
+#include "cuda/merge_kernels.h"
+#include "cuda/runtime.h"
+#endif
+
 namespace kvattn {
 
 namespace {
 
+// A backend for t's device: the CPU, or (CUDA builds) an existing CUDA device.
 void check_backend(std::string_view name, const TensorView& t) {
-  KVATTN_CHECK(t.device().is_cpu(), name, " is on ", t.device().str(),
-               " but this build of kvattn has no CUDA backend; pass host (cpu) tensors");
+  if (t.device().is_cpu()) return;
+#if KVATTN_WITH_CUDA
+  const std::string what = std::string(name) + " on " + t.device().str();
+  cuda::require_cuda(what.c_str());
+  (void)cuda::device_info(t.device().index);  // "cuda:N does not exist (M CUDA devices)"
+#else
+  detail::throw_error(name, " is on ", t.device().str(),
+                      " but this build of kvattn has no CUDA backend; pass host (cpu) tensors");
+#endif
 }
 
 void check_data(std::string_view name, const TensorView& t) {
@@ -83,6 +101,35 @@ void set_merge_output(cpu::MergeProblem& p, const TensorView& v, const TensorVie
   p.so_head = s.stride(1);
 }
 
+#if KVATTN_WITH_CUDA
+// The GPU kernels access whole elements (a misaligned access is a sticky CUDA error).
+void check_element_aligned(std::string_view name, const TensorView& t) {
+  const size_t esz = dtype_size(t.dtype());
+  KVATTN_CHECK(reinterpret_cast<uintptr_t>(t.data()) % esz == 0, name, " starts at address ",
+               t.data(), ", which is not a multiple of its element size (", esz, " bytes, ",
+               t.describe(), "); the GPU kernels access whole elements");
+}
+
+// Whether every head vector of t starts on a multiple of 4 elements (the merge kernels then move
+// 4 elements per access): the start and every stride but the last.
+bool vec4_aligned(const TensorView& t) {
+  const int64_t esz = int64_t(dtype_size(t.dtype()));
+  if (reinterpret_cast<uintptr_t>(t.data()) % uintptr_t(4 * esz) != 0) return false;
+  for (int d = 0; d + 1 < t.ndim(); ++d)
+    if (t.size(d) > 1 && t.stride(d) % 4 != 0) return false;
+  return true;
+}
+
+// The kernels take heads, states and head dims as 32-bit ints.
+void check_small_dims(std::string_view name, const TensorView& t) {
+  for (int d = 1; d < t.ndim(); ++d)
+    KVATTN_CHECK(t.size(d) <= INT32_MAX, name, " = ", t.describe(), " is too large for the GPU kernels (dim ",
+                 d, " exceeds 2^31 - 1)");
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+#endif
+
 }  // namespace
 
 // ---- merge --------------------------------------------------------------------------------------
@@ -100,7 +147,31 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
     check_lse_tensor(name, *s, 2, dev, "v_a");
     check_same_dims(name, *s, "v_a", v_a, {{0, 0}, {1, 1}});
   }
-  check_backend("v_a", v_a);
+  if (!dev.is_cpu()) {
+#if KVATTN_WITH_CUDA
+    for (auto [name, t] : {std::pair{"v_a", &v_a}, std::pair{"s_a", &s_a}, std::pair{"v_b", &v_b},
+                           std::pair{"s_b", &s_b}, std::pair{"v_out", &v_out}, std::pair{"s_out", &s_out}})
+      check_element_aligned(name, *t);
+    check_small_dims("v_a", v_a);
+#endif
+    check_backend("v_a", v_a);
+#if KVATTN_WITH_CUDA
+    kernels::MergePairParams p;
+    p.v_a = v_a.data(), p.va_row = v_a.stride(0), p.va_head = v_a.stride(1);
+    p.s_a = s_a.data_as<const float>(), p.sa_row = s_a.stride(0), p.sa_head = s_a.stride(1);
+    p.v_b = v_b.data(), p.vb_row = v_b.stride(0), p.vb_head = v_b.stride(1);
+    p.s_b = s_b.data_as<const float>(), p.sb_row = s_b.stride(0), p.sb_head = s_b.stride(1);
+    p.v_out = v_out.data(), p.vo_row = v_out.stride(0), p.vo_head = v_out.stride(1);
+    p.s_out = s_out.data_as<float>(), p.so_row = s_out.stride(0), p.so_head = s_out.stride(1);
+    p.num_rows = v_a.size(0);
+    p.num_heads = int32_t(v_a.size(1));
+    p.head_dim = int32_t(v_a.size(2));
+    p.vec4 = v_a.size(2) % 4 == 0 && vec4_aligned(v_a) && vec4_aligned(v_b) && vec4_aligned(v_out);
+    cuda::DeviceGuard guard(dev.index);
+    cuda::launch_merge_pair(p, v_a.dtype(), v_out.dtype(), as_stream(stream));
+#endif
+    return;
+  }
   cpu::MergeProblem p;
   p.in_dtype = v_a.dtype();
   p.inputs = {merge_input(v_a, s_a), merge_input(v_b, s_b)};
@@ -126,7 +197,35 @@ void merge_state_in_place(const TensorView& v, const TensorView& s, const Tensor
     check_same_dims("mask", mask, "v", v, {{0, 0}});
     check_data("mask", mask);
   }
-  check_backend("v", v);
+  if (!dev.is_cpu()) {
+#if KVATTN_WITH_CUDA
+    for (auto [name, t] : {std::pair{"v", &v}, std::pair{"s", &s}, std::pair{"v_other", &v_other},
+                           std::pair{"s_other", &s_other}})
+      check_element_aligned(name, *t);
+    check_small_dims("v", v);
+#endif
+    check_backend("v", v);
+#if KVATTN_WITH_CUDA
+    kernels::MergePairParams p;
+    p.v_a = v.data(), p.va_row = v.stride(0), p.va_head = v.stride(1);
+    p.s_a = s.data_as<const float>(), p.sa_row = s.stride(0), p.sa_head = s.stride(1);
+    p.v_b = v_other.data(), p.vb_row = v_other.stride(0), p.vb_head = v_other.stride(1);
+    p.s_b = s_other.data_as<const float>(), p.sb_row = s_other.stride(0), p.sb_head = s_other.stride(1);
+    p.v_out = v.data(), p.vo_row = v.stride(0), p.vo_head = v.stride(1);
+    p.s_out = s.data_as<float>(), p.so_row = s.stride(0), p.so_head = s.stride(1);
+    if (mask.defined()) {
+      p.mask = mask.data_as<const uint8_t>();
+      p.mask_stride = mask.stride(0);
+    }
+    p.num_rows = v.size(0);
+    p.num_heads = int32_t(v.size(1));
+    p.head_dim = int32_t(v.size(2));
+    p.vec4 = v.size(2) % 4 == 0 && vec4_aligned(v) && vec4_aligned(v_other);
+    cuda::DeviceGuard guard(dev.index);
+    cuda::launch_merge_pair(p, v.dtype(), v.dtype(), as_stream(stream));
+#endif
+    return;
+  }
   cpu::MergeProblem p;
   p.in_dtype = v.dtype();
   p.inputs = {merge_input(v, s), merge_input(v_other, s_other)};
@@ -148,7 +247,30 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   check_same_dims("v_out", v_out, "v", v, {{0, 0}, {1, 2}, {2, 3}});
   check_lse_tensor("s_out", s_out, 2, dev, "v");
   check_same_dims("s_out", s_out, "v", v, {{0, 0}, {1, 2}});
-  check_backend("v", v);
+  if (!dev.is_cpu()) {
+#if KVATTN_WITH_CUDA
+    for (auto [name, t] : {std::pair{"v", &v}, std::pair{"s", &s}, std::pair{"v_out", &v_out},
+                           std::pair{"s_out", &s_out}})
+      check_element_aligned(name, *t);
+    check_small_dims("v", v);
+#endif
+    check_backend("v", v);
+#if KVATTN_WITH_CUDA
+    kernels::MergeStatesParams p;
+    p.v = v.data(), p.v_row = v.stride(0), p.v_state = v.stride(1), p.v_head = v.stride(2);
+    p.s = s.data_as<const float>(), p.s_row = s.stride(0), p.s_state = s.stride(1), p.s_head = s.stride(2);
+    p.v_out = v_out.data(), p.vo_row = v_out.stride(0), p.vo_head = v_out.stride(1);
+    p.s_out = s_out.data_as<float>(), p.so_row = s_out.stride(0), p.so_head = s_out.stride(1);
+    p.num_rows = v.size(0);
+    p.num_states = int32_t(v.size(1));
+    p.num_heads = int32_t(v.size(2));
+    p.head_dim = int32_t(v.size(3));
+    p.vec4 = v.size(3) % 4 == 0 && vec4_aligned(v) && vec4_aligned(v_out);
+    cuda::DeviceGuard guard(dev.index);
+    cuda::launch_merge_states(p, v.dtype(), v_out.dtype(), as_stream(stream));
+#endif
+    return;
+  }
   cpu::MergeProblem p;
   p.in_dtype = v.dtype();
   const size_t esz = dtype_size(v.dtype());
@@ -161,6 +283,95 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
 }
 
 // ---- paged append -------------------------------------------------------------------------------
+namespace {
+
+// The CUDA path of append_paged_kv_cache, after the checks common to both backends (shapes,
+// dtypes, devices and strides of the K/V tensors and of the cache). The index arrays live on the
+// cache's device: their shapes, dtypes and alignment are checked here, their values by the kernel.
+void append_paged_gpu(const TensorView& append_k, const TensorView& append_v,
+                      const TensorView& batch_indices, const TensorView& positions,
+                      const PagedKVCache& cache, const PageTable& page_table, void* stream) {
+#if KVATTN_WITH_CUDA
+  const Device dev = append_k.device();
+  const int64_t nnz = append_k.size(0);
+  auto index_array = [&](std::string_view name, const TensorView& t, int64_t len) {
+    validate::ndim(name, t, 1);
+    validate::dtype(name, t, DType::i32);
+    KVATTN_CHECK(t.device() == dev, name, " is on ", t.device().str(), " but the paged cache is on ",
+                 dev.str(), "; with a CUDA cache, batch_indices, positions and the page table are "
+                 "int32 tensors on the cache's device");
+    KVATTN_CHECK(t.size(0) <= 1 || t.stride(0) == 1, name, " must be contiguous, got ", t.describe());
+    if (len >= 0)
+      KVATTN_CHECK(t.size(0) == len, name, " has ", t.size(0), " elements but ", len, " are expected");
+    check_data(name, t);
+    check_element_aligned(name, t);
+  };
+  index_array("batch_indices", batch_indices, nnz);
+  index_array("positions", positions, nnz);
+  index_array("kv_indptr", page_table.indptr, -1);
+  KVATTN_CHECK(page_table.indptr.size(0) >= 1,
+               "kv_indptr must have at least one element (batch_size + 1)");
+  const int64_t batch_size = page_table.indptr.size(0) - 1;
+  index_array("kv_indices", page_table.indices, -1);
+  index_array("kv_last_page_len", page_table.last_page_len, batch_size);
+  const std::string cache_k = std::string("paged k (") + kv_layout_name(cache.layout) + ")";
+  KVATTN_CHECK(cache.page_size() >= 1 && cache.page_size() <= INT32_MAX, "the page size of ",
+               cache_k, " is ", cache.page_size(), "; it must be >= 1");
+  KVATTN_CHECK(batch_size < INT32_MAX && cache.num_heads() <= INT32_MAX &&
+                   cache.head_dim_qk() <= INT32_MAX && cache.head_dim_vo() <= INT32_MAX,
+               "the append is too large for the GPU kernel (", batch_size, " requests, ",
+               cache.k.describe(), ")");
+  for (auto [name, t] : {std::pair{"append_k", &append_k}, std::pair{"append_v", &append_v},
+                         std::pair{"paged k", &cache.k}, std::pair{"paged v", &cache.v}})
+    check_element_aligned(name, *t);
+  check_backend("append_k", append_k);
+
+  kernels::AppendParams p;
+  auto side = [](const TensorView& src, const TensorView& dst, int64_t tok_stride, int64_t head_stride) {
+    kernels::AppendSideParams s;
+    s.src = src.data();
+    s.src_row = src.stride(0);
+    s.src_head = src.stride(1);
+    s.dst = dst.data();
+    s.dst_page = dst.stride(0);
+    s.dst_token = tok_stride;
+    s.dst_head = head_stride;
+    s.src_dtype = int32_t(src.dtype());  // kernels number dtypes as kvattn::DType
+    s.dst_dtype = int32_t(dst.dtype());
+    s.head_dim = int32_t(src.size(2));
+    if (src.dtype() == dst.dtype()) {
+      const int64_t esz = int64_t(dtype_size(src.dtype()));
+      s.copy_bytes = cuda::copy_width(
+          {int64_t(reinterpret_cast<uintptr_t>(src.data())), int64_t(reinterpret_cast<uintptr_t>(dst.data())),
+           s.head_dim * esz, s.src_row * esz, s.src_head * esz, s.dst_page * esz, s.dst_token * esz,
+           s.dst_head * esz});
+    }
+    return s;
+  };
+  p.k = side(append_k, cache.k, cache.k_token_stride(), cache.k_head_stride());
+  p.v = side(append_v, cache.v, cache.v_token_stride(), cache.v_head_stride());
+  p.batch_indices = batch_indices.data_as<const int32_t>();
+  p.positions = positions.data_as<const int32_t>();
+  p.kv_indptr = page_table.indptr.data_as<const int32_t>();
+  p.kv_indices = page_table.indices.data_as<const int32_t>();
+  p.kv_last_page_len = page_table.last_page_len.data_as<const int32_t>();
+  p.num_rows = nnz;
+  p.num_pages = cache.num_pages();
+  p.num_heads = int32_t(cache.num_heads());
+  p.page_size = int32_t(cache.page_size());
+  p.batch_size = int32_t(batch_size);
+  // indptr values are int32, so no index past INT32_MAX is ever reachable.
+  p.num_indices = int32_t(std::min<int64_t>(page_table.indices.size(0), INT32_MAX));
+  cuda::DeviceGuard guard(dev.index);
+  cuda::launch_append_paged(p, as_stream(stream));
+#else
+  (void)append_v, (void)batch_indices, (void)positions, (void)cache, (void)page_table, (void)stream;
+  check_backend("append_k", append_k);
+#endif
+}
+
+}  // namespace
+
 void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_v,
                            const TensorView& batch_indices, const TensorView& positions,
                            const PagedKVCache& cache, const PageTable& page_table, void* stream) {
@@ -189,14 +400,16 @@ void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_
   validate::dim("append_v", append_v, 0, nnz, "append_k.shape[0] (nnz)");
   validate::dim("append_v", append_v, 1, heads, cache_k + ".shape[" + std::to_string(head_dim) + "] (num_kv_heads)");
   validate::dim("append_v", append_v, 2, cache.head_dim_vo(), "paged v.shape[3] (head_dim)");
+  if (!dev.is_cpu()) {
+    append_paged_gpu(append_k, append_v, batch_indices, positions, cache, page_table, stream);
+    return;
+  }
   auto batch = validate::int32_array("batch_indices", batch_indices, nnz);
   auto pos = validate::int32_array("positions", positions, nnz);
   KVATTN_CHECK(cache.page_size() >= 1 && cache.page_size() <= INT32_MAX, "the page size of ",
                cache_k, " is ", cache.page_size(), "; it must be >= 1");
   const int page_size = int(cache.page_size());
   auto info = validate::page_table(page_table, page_size, cache.num_pages());
-  check_backend("append_k", append_k);
-
   cpu::AppendProblem p;
   p.num_rows = nnz;
   p.num_heads = int(heads);
@@ -293,7 +506,12 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
     vp.llama31_high_freq_factor = l.high_freq_factor;
     vp.llama31_original_max_position = l.original_max_position;
   }
+#if KVATTN_WITH_CUDA
+  KVATTN_CHECK(dev.is_cpu(), "q is on ", dev.str(),
+               " but apply_rope has no GPU implementation yet; pass host (cpu) tensors");
+#else
   check_backend("q", q);
+#endif
 
   cpu::RopeProblem p;
   p.num_rows = nnz;

@@ -73,16 +73,33 @@ void indices_in_range(std::string_view name, std::span<const int32_t> values, in
                  " is out of range [0, ", bound, ")");
 }
 
-PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages) {
+PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages,
+                         bool device_indices_ok) {
   KVATTN_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");
   PageTableInfo info;
   info.indptr = indptr("kv_indptr", t.indptr);
   info.batch_size = int64_t(info.indptr.size()) - 1;
-  info.indices = int32_array("kv_indices", t.indices);
+  info.indices_device = t.indices.device();
+  int64_t num_indices = 0;
+  if (t.indices.defined() && !t.indices.device().is_cpu()) {
+    KVATTN_CHECK(device_indices_ok, "kv_indices is on ", t.indices.device().str(),
+                 "; only BatchDecode with a CUDA workspace reads a device-resident page table, "
+                 "pass a host (cpu) array here");
+    ndim("kv_indices", t.indices, 1);
+    dtype("kv_indices", t.indices, DType::i32);
+    KVATTN_CHECK(t.indices.size(0) <= 1 || t.indices.stride(0) == 1,
+                 "kv_indices must be contiguous, got ", t.indices.describe());
+    KVATTN_CHECK(t.indices.size(0) == 0 || t.indices.data() != nullptr,
+                 "kv_indices has a null data pointer");
+    info.device_indices = t.indices.data_as<const int32_t>();
+    num_indices = t.indices.size(0);
+  } else {
+    info.indices = int32_array("kv_indices", t.indices);
+    num_indices = int64_t(info.indices.size());
+  }
   info.last_page_len = int32_array("kv_last_page_len", t.last_page_len, info.batch_size);
-  KVATTN_CHECK(int64_t(info.indices.size()) >= info.indptr.back(), "kv_indptr[",
-               info.batch_size, "] = ", info.indptr.back(), " exceeds the length of kv_indices (",
-               info.indices.size(), ")");
+  KVATTN_CHECK(num_indices >= info.indptr.back(), "kv_indptr[", info.batch_size, "] = ",
+               info.indptr.back(), " exceeds the length of kv_indices (", num_indices, ")");
   for (int64_t b = 0; b < info.batch_size; ++b) {
     int32_t last = info.last_page_len[b];
     bool has_pages = info.indptr[b + 1] > info.indptr[b];
@@ -90,7 +107,7 @@ PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages) {
                  "] = ", last, " is out of range [", has_pages ? 1 : 0, ", ", page_size, "]",
                  has_pages ? "" : " (request has no pages)");
   }
-  if (num_pages >= 0)
+  if (num_pages >= 0 && !info.device_indices)
     indices_in_range("kv_indices", info.indices.first(size_t(info.indptr.back())), num_pages);
   return info;
 }

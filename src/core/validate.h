@@ -38,11 +38,16 @@ void indices_in_range(std::string_view name, std::span<const int32_t> values, in
 // Request lengths of a page table: page_size * (pages - 1) + last_page_len (0 with no pages).
 // Checks indptr, last_page_len in [1, page_size] for requests with pages and [0, page_size]
 // without, and (when num_pages >= 0) every index in [0, num_pages).
+// With device_indices_ok, kv_indices may be a CUDA tensor: then only its shape is checked and
+// device_indices points at it (the kernels check the page ids when they read them).
 struct PageTableInfo {
   std::span<const int32_t> indptr, indices, last_page_len;
+  const int32_t* device_indices = nullptr;
+  Device indices_device;
   int64_t batch_size = 0;
 };
-PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages = -1);
+PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages = -1,
+                         bool device_indices_ok = false);
 int64_t paged_kv_len(const PageTableInfo& info, int page_size, int64_t request);
 
 }  // namespace kvattn::validate

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 
 #include "cuda/runtime.h"
 #include "kvattn/error.h"
@@ -26,6 +27,7 @@ static_assert(sizeof(DeviceMergeEntry) == sizeof(MergeEntry) &&
 
 namespace {
 constexpr int64_t kAlign = 256;
+constexpr int64_t kErrorWords = 4;  // DecodeParams::error: flag, position, value, num_pages
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the plan's sections in the workspace: the partial states (sized by the
@@ -33,7 +35,8 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 // ids together and a graph-mode re-plan moves nothing that a captured launch points at.
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
-  int64_t items = 0, worker_begin = 0, merges = 0, indptr = 0, last_page_len = 0, indices = 0, end = 0;
+  int64_t items = 0, worker_begin = 0, merges = 0, indptr = 0, last_page_len = 0, error = 0, indices = 0,
+          end = 0;
   int64_t meta_begin() const { return items; }
 };
 
@@ -116,8 +119,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   L.merges = L.worker_begin + (plan.num_workers() + 1) * 4;
   L.indptr = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
   L.last_page_len = L.indptr + (batch_cap + 1) * 4;
-  L.indices = L.last_page_len + batch_cap * 4;
-  const int64_t nnz = int64_t(pr.kv_indices.size());
+  L.error = L.last_page_len + batch_cap * 4;
+  L.indices = L.error + kErrorWords * 4;
+  const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
   L.end = L.indices + nnz * 4;
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
@@ -167,7 +171,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   for (int64_t i = plan.num_merges(); i < merge_cap; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
   std::memcpy(host + L.indptr, pr.kv_indptr.data(), pr.kv_indptr.size_bytes());
   std::memcpy(host + L.last_page_len, pr.kv_last_page_len.data(), pr.kv_last_page_len.size_bytes());
-  std::memcpy(host + L.indices, pr.kv_indices.data(), pr.kv_indices.size_bytes());
+  std::memset(host + L.error, 0, kErrorWords * 4);
+  if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
   check(cudaMemcpyAsync(ws + L.meta_begin(), st.host, size_t(copy_bytes), cudaMemcpyHostToDevice, stream),
         "copying the plan");
@@ -177,7 +182,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
 
   kernels::DecodeParams b{};
   b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.indptr);
-  b.kv_indices = reinterpret_cast<const int32_t*>(ws + L.indices);
+  b.kv_indices = pr.device_kv_indices ? pr.device_kv_indices : reinterpret_cast<const int32_t*>(ws + L.indices);
+  b.error = reinterpret_cast<int32_t*>(ws + L.error);
   b.kv_last_page_len = reinterpret_cast<const int32_t*>(ws + L.last_page_len);
   b.page_size = pr.page_size;
   b.items = reinterpret_cast<const DeviceWorkItem*>(ws + L.items);
@@ -217,6 +223,9 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
   p.lse_stride_h = t.lse_stride_h;
   p.k = t.k;
   p.v = t.v;
+  KVATTN_CHECK(t.num_pages <= INT32_MAX, "the paged cache has ", t.num_pages,
+               " pages, more than the decode kernels' int32 page ids address");
+  p.num_pages = int32_t(t.num_pages);
   p.k_stride_page = t.k_stride_page;
   p.k_stride_token = t.k_stride_token;
   p.k_stride_head = t.k_stride_head;
@@ -232,6 +241,20 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
     check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_)),
                            dim3(kDecodeMergeThreads), args, 0, stream),
           "launching the decode merge kernel");
+}
+
+void DecodeRunner::check_errors(cudaStream_t stream) const {
+  KVATTN_CHECK(kernel_ != nullptr, "BatchDecode.check_errors() was called before plan()");
+  DeviceGuard guard(device_);
+  int32_t rec[kErrorWords] = {};
+  check(cudaMemcpyAsync(rec, base_.error, sizeof(rec), cudaMemcpyDeviceToHost, stream),
+        "reading the decode error record");
+  check(cudaStreamSynchronize(stream), "waiting for the decode runs");
+  if (rec[0] == 0) return;
+  check(cudaMemsetAsync(base_.error, 0, sizeof(rec), stream), "clearing the decode error record");
+  check(cudaStreamSynchronize(stream), "clearing the decode error record");
+  detail::throw_error("kv_indices[", rec[1], "] = ", rec[2], " is out of range [0, ", rec[3],
+                      ") (found by a decode run on the device; the rows of its request came out NaN)");
 }
 
 }  // namespace kvattn::cuda

@@ -20,7 +20,11 @@ struct DecodeProblem {
   int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0, page_size = 0;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   kernels::VariantParams variant;
-  std::span<const int32_t> kv_indptr, kv_indices, kv_last_page_len;  // validated, host
+  std::span<const int32_t> kv_indptr, kv_last_page_len;  // validated, host
+  // The page ids: a host array copied into the workspace, or, when device_kv_indices is set, the
+  // caller's table on the device, which the kernels read in place (and check) at run time.
+  std::span<const int32_t> kv_indices;
+  const int32_t* device_kv_indices = nullptr;
   std::span<const int32_t> kv_len;
   SchedulerOptions scheduler;
 };
@@ -35,6 +39,7 @@ struct DecodeTensors {
   int64_t lse_stride_n, lse_stride_h;
   const void* k;
   const void* v;
+  int64_t num_pages;
   int64_t k_stride_page, k_stride_token, k_stride_head;
   int64_t v_stride_page, v_stride_token, v_stride_head;
 };
@@ -51,6 +56,9 @@ class DecodeRunner {
   void plan(const DecodeProblem& problem, void* workspace, int64_t workspace_bytes, int device,
             cudaStream_t stream);
   void run(const DecodeTensors& t, cudaStream_t stream) const;
+  // Waits for `stream`, then throws kvattn::Error naming the first out-of-range page id a run
+  // since the last plan() or check met (and clears the record); returns quietly otherwise.
+  void check_errors(cudaStream_t stream) const;
 
   const Plan& schedule() const { return planner_.current(); }
   const DecodeKernelConfig& config() const { return config_; }

@@ -1,8 +1,10 @@
 #include <algorithm>
 #include "cuda/kernel_registry.h"
 
+#include "cuda/append_kernels.h"
 #include "cuda/decode_kernels.h"
 #include "cuda/merge_kernels.h"
+#include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
 
@@ -11,9 +13,12 @@ namespace {
 
 std::vector<RegisteredKernel> merge_kernels() {
   std::vector<RegisteredKernel> out;
-  for (DType t : {DType::f32, DType::f16, DType::bf16})
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
     out.push_back({merge_states_spec(t, t, "sm_80").name,
                    [t](const std::string& arch) { return merge_states_spec(t, t, arch); }});
+    out.push_back({merge_pair_spec(t, t, "sm_80").name,
+                   [t](const std::string& arch) { return merge_pair_spec(t, t, arch); }});
+  }
   return out;
 }
 
@@ -39,16 +44,49 @@ std::vector<RegisteredKernel> decode_kernels() {
   return out;
 }
 
+// Prefill/append kernels of the same deployments: causal bf16/f16 prefill over ragged and paged
+// (page 16) KV for head dims 64/128/256 and 192x128, GQA group 4, long and short (append) query
+// runs; one of each variant family; fp8 KV.
+std::vector<RegisteredKernel> prefill_kernels() {
+  std::vector<RegisteredKernel> out;
+  auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo) {
+    PrefillKernelConfig c = choose_prefill_config(q, kv, q, dqk, dvo, group, paged, 16, features, qo);
+    out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
+    KernelSpec m = prefill_merge_spec(c, "sm_80");
+    auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
+    if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return prefill_merge_spec(c, arch); }});
+  };
+  for (DType t : {DType::bf16, DType::f16})
+    for (int hd : {64, 128, 256})
+      for (bool paged : {false, true}) add(t, t, hd, hd, 4, paged, kernels::kCausal, 4096);
+  add(DType::bf16, DType::bf16, 192, 128, 1, false, kernels::kCausal, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 8, true, kernels::kCausal, 1);   // short appends
+  add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal, 8);
+  add(DType::bf16, DType::bf16, 128, 128, 4, false, 0, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kSoftCap, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kSlidingWindow, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kAlibi, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCustomMask, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kSigmoid, 4096);
+  add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kRope, 4096);
+  add(DType::bf16, DType::e4m3, 128, 128, 4, true, kernels::kCausal, 4096);
+  return out;
+}
+
 std::vector<Preset> build() {
   std::vector<Preset> p;
   // What a serving deployment needs: precompiled by default, compiled in CI.
-  p.push_back({"default", "the kernels a typical deployment uses (merge, paged decode)", {}});
+  p.push_back({"default", "the kernels a typical deployment uses (merge, paged decode, prefill)", {}});
   auto merge = merge_kernels();
   auto decode = decode_kernels();
+  auto prefill = prefill_kernels();
   p[0].kernels.insert(p[0].kernels.end(), merge.begin(), merge.end());
   p[0].kernels.insert(p[0].kernels.end(), decode.begin(), decode.end());
-  p.push_back({"merge", "merge_states for f32, f16, bf16", merge});
+  p[0].kernels.push_back({"append_paged_kv", [](const std::string& arch) { return append_paged_spec(arch); }});
+  p[0].kernels.insert(p[0].kernels.end(), prefill.begin(), prefill.end());
+  p.push_back({"merge", "merge_states and merge_state for f32, f16, bf16", merge});
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
+  p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
   return p;
 }
 

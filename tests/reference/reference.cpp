@@ -135,4 +135,29 @@ Result attention(const Request& r, const kvattn::Variant& var) {
   return out;
 }
 
+Result merge_states(const std::vector<std::vector<double>>& o, const std::vector<double>& lse) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const size_t D = o.empty() ? 0 : o[0].size();
+  Result out;
+  out.o.assign(D, 0.0);
+  out.o_mag.assign(D, 0.0);
+  out.lse.assign(1, -inf);
+  double m = -inf;
+  for (double l : lse) m = std::max(m, l);
+  if (m == -inf) return out;
+  double sum = 0;
+  for (double l : lse)
+    if (l != -inf) sum += std::exp2(l - m);
+  out.lse[0] = m + std::log2(sum);
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (lse[i] == -inf) continue;
+    const double w = std::exp2(lse[i] - out.lse[0]);
+    for (size_t e = 0; e < D; ++e) {
+      out.o[e] += w * o[i][e];
+      out.o_mag[e] = std::max(out.o_mag[e], std::abs(o[i][e]));
+    }
+  }
+  return out;
+}
+
 }  // namespace kvattn_test::ref

@@ -38,6 +38,13 @@ struct Result {
 
 Result attention(const Request& r, const kvattn::Variant& variant);
 
+// Merging attention states (SEMANTICS.md, "Merging attention states") of one (row, head): state i
+// has values o[i] (D each) and base-2 lse[i]. lse = log2(sum_i 2^lse_i), o = sum_i o_i 2^(lse_i -
+// lse); a -inf state contributes nothing (its o is not read); none left: o = 0, lse = -inf.
+// Returns o [D], lse [1] and o_mag [D] = max over contributing states of |o_i[e]| (a convex
+// combination's rounding errors scale with it).
+Result merge_states(const std::vector<std::vector<double>>& o, const std::vector<double>& lse);
+
 // The ALiBi paper's slope of head h among n heads.
 double alibi_slope(int head, int num_heads);
 // RoPE frequency t (SEMANTICS.md), plain llama or Llama 3.1 scaled.

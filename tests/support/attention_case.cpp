@@ -195,6 +195,8 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         dv.emplace(paged->v);
         cache = kvattn::PagedKVCache::split(dk->view(), dv->view(), c.layout);
       }
+      std::optional<DeviceMirror> dindices;
+      if (c.device_page_table) p.page_table.indices = dindices.emplace(paged->indices).view();
       kvattn::BatchDecode op(workspace.view(), c.layout);
       op.plan(p);
       if (!c.expect_error.empty()) {
@@ -203,6 +205,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         return;
       }
       op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{});
+      op.check_errors();  // a clean run reports nothing
       device_synchronize();
       dout.copy_back(out);
       dlse.copy_back(lse);
@@ -228,12 +231,52 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
       p.custom_mask = mask_t.view();
       p.mask_indptr = mask_indptr_t.view();
     }
-    kvattn::BatchPrefill op({}, c.layout);
-    op.plan(p);
-    if (paged)
-      op.run(q.view(), paged->cache(), out.view(), lse_view);
-    else
-      op.run(q.view(), k_ragged.view(), v_ragged.view(), out.view(), lse_view);
+    p.scheduler = c.scheduler;
+    if (c.on_gpu) {
+#if KVATTN_WITH_CUDA
+      DeviceBytes workspace(int64_t(256) << 20);
+      DeviceMirror dq(q), dout(out), dlse(lse);
+      std::optional<DeviceMirror> dk, dv, dkv;
+      kvattn::PagedKVCache cache;
+      if (c.store == KVStore::paged_combined) {
+        dkv.emplace(paged->kv);
+        cache = kvattn::PagedKVCache::combined(dkv->view(), c.layout);
+      } else if (paged) {
+        dk.emplace(paged->k);
+        dv.emplace(paged->v);
+        cache = kvattn::PagedKVCache::split(dk->view(), dv->view(), c.layout);
+      } else {
+        dk.emplace(k_ragged);
+        dv.emplace(v_ragged);
+      }
+      kvattn::BatchPrefill op(workspace.view(), c.layout);
+      op.plan(p);
+      const kvattn::TensorView dlse_view = want_lse ? dlse.view() : kvattn::TensorView{};
+      auto run = [&] {
+        if (paged)
+          op.run(dq.view(), cache, dout.view(), dlse_view);
+        else
+          op.run(dq.view(), dk->view(), dv->view(), dout.view(), dlse_view);
+      };
+      if (!c.expect_error.empty()) {
+        EXPECT_KVATTN_ERROR(run(), c.expect_error);
+        return;
+      }
+      run();
+      device_synchronize();
+      dout.copy_back(out);
+      dlse.copy_back(lse);
+#else
+      FAIL() << "on_gpu case in a build without the CUDA backend";
+#endif
+    } else {
+      kvattn::BatchPrefill op({}, c.layout);
+      op.plan(p);
+      if (paged)
+        op.run(q.view(), paged->cache(), out.view(), lse_view);
+      else
+        op.run(q.view(), k_ragged.view(), v_ragged.view(), out.view(), lse_view);
+    }
   }
   EXPECT_TRUE(q.same_bytes(q_before)) << "run() modified q";
 

@@ -17,6 +17,9 @@ typedef unsigned long long uint64_t;
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)  // device code only
 #endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fc00000)  // device code only
+#endif
 #define KVATTN_HD __host__ __device__ __forceinline__
 #elif defined(__CUDACC__)
 #include <cstdint>

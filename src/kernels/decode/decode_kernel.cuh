@@ -72,36 +72,35 @@ struct DecodeKernel {
     return s;
   }
 
-  static __device__ __forceinline__ int64_t token_offset(const DecodeParams& p, int32_t page_base,
-                                                         int32_t tok, int64_t stride_page,
-                                                         int64_t stride_token) {
-    const int ps = PAGE > 0 ? PAGE : p.page_size;
-    int32_t page = p.kv_indices[page_base + tok / ps];
-    return int64_t(page) * stride_page + int64_t(tok % ps) * stride_token;
-  }
-
-  static __device__ void load_tile(const DecodeParams& p, const Smem& s, int stage, int32_t tile0,
+  // Loads a tile's K and V rows; returns true when a page id was out of range (those rows are
+  // zero-filled, and the caller poisons the item's output).
+  static __device__ bool load_tile(const DecodeParams& p, const Smem& s, int stage, int32_t tile0,
                                    int32_t kv_end, int32_t page_base, int kv_head) {
+    const int ps = PAGE > 0 ? PAGE : p.page_size;
     const char* kbase = static_cast<const char*>(p.k) + kv_head * p.k_stride_head * kKVBytes;
     const char* vbase = static_cast<const char*>(p.v) + kv_head * p.v_stride_head * kKVBytes;
     char* kdst = s.k + stage * TILE * kPitchK * 16;
     char* vdst = s.v + stage * TILE * kPitchV * 16;
-    for (int id = threadIdx.x; id < TILE * kChunksK; id += THREADS) {
-      int r = id / kChunksK, c = id % kChunksK;
-      int32_t tok = tile0 + r;
+    bool bad = false;
+    for (int id = threadIdx.x; id < TILE * (kChunksK + kChunksV); id += THREADS) {
+      const bool is_k = id < TILE * kChunksK;
+      const int local = is_k ? id : id - TILE * kChunksK;
+      const int chunks = is_k ? kChunksK : kChunksV;
+      const int r = local / chunks, c = local % chunks;
+      const int32_t tok = tile0 + r;
       bool valid = tok < kv_end;
-      const char* src = kbase;
-      if (valid) src += (token_offset(p, page_base, tok, p.k_stride_page, p.k_stride_token)) * kKVBytes + c * 16;
-      cp_async_16(kdst + (r * kPitchK + c) * 16, src, valid);
+      const char* src = is_k ? kbase : vbase;
+      if (valid) {
+        const int32_t page = checked_page(p, page_base + tok / ps);
+        valid = page >= 0;
+        bad |= !valid;
+        src += (int64_t(page) * (is_k ? p.k_stride_page : p.v_stride_page) +
+                int64_t(tok % ps) * (is_k ? p.k_stride_token : p.v_stride_token)) * kKVBytes + c * 16;
+      }
+      char* dst = is_k ? kdst + (r * kPitchK + c) * 16 : vdst + (r * kPitchV + c) * 16;
+      cp_async_16(dst, valid ? src : (is_k ? kbase : vbase), valid);
     }
-    for (int id = threadIdx.x; id < TILE * kChunksV; id += THREADS) {
-      int r = id / kChunksV, c = id % kChunksV;
-      int32_t tok = tile0 + r;
-      bool valid = tok < kv_end;
-      const char* src = vbase;
-      if (valid) src += (token_offset(p, page_base, tok, p.v_stride_page, p.v_stride_token)) * kKVBytes + c * 16;
-      cp_async_16(vdst + (r * kPitchV + c) * 16, src, valid);
-    }
+    return bad;
   }
 
   // Phase 1: the logits of this thread's token for its heads, into s.score (log2 units).
@@ -233,9 +232,10 @@ struct DecodeKernel {
     const int32_t n_tiles = (item.kv_end - item.kv_begin + TILE - 1) / TILE;
 
     // Start the pipeline before touching q, so the loads are in flight while q is prepared.
+    bool bad = false;  // a page id was out of range: the rows come out NaN
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
-      if (st < n_tiles) load_tile(p, s, st, item.kv_begin + st * TILE, item.kv_end, page_base, item.kv_head);
+      if (st < n_tiles) bad |= load_tile(p, s, st, item.kv_begin + st * TILE, item.kv_end, page_base, item.kv_head);
       cp_async_commit();
     }
     for (int i = threadIdx.x; i < GH * DQK; i += THREADS) {
@@ -271,7 +271,7 @@ struct DecodeKernel {
     for (int tile = 0; tile < n_tiles; ++tile) {
       int ahead = tile + STAGES - 1;
       if (ahead < n_tiles)
-        load_tile(p, s, ahead % STAGES, item.kv_begin + ahead * TILE, item.kv_end, page_base, item.kv_head);
+        bad |= load_tile(p, s, ahead % STAGES, item.kv_begin + ahead * TILE, item.kv_end, page_base, item.kv_head);
       cp_async_commit();
       cp_async_wait<STAGES - 1>();
       __syncthreads();
@@ -284,7 +284,7 @@ struct DecodeKernel {
       __syncthreads();  // the stage is refilled next iteration
     }
     cp_async_wait<0>();
-    __syncthreads();
+    const bool poisoned = __syncthreads_or(bad);
 
     // Reduce the token groups through shared memory (reusing the pipeline buffers).
     const int vec = threadIdx.x % kVecs, tgroup = threadIdx.x / kVecs;
@@ -309,6 +309,7 @@ struct DecodeKernel {
         lse = -INFINITY;
       }
       o *= p.variant.v_scale;
+      if (poisoned) o = lse = NAN;
       const int qo_head = head0 + h;
       if (item.partial_slot < 0) {
         store_from_f32<ODT>(p.o, item.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);

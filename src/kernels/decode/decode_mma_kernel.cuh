@@ -50,14 +50,18 @@ struct DecodeMmaKernel {
   static __device__ __forceinline__ int page_size(const DecodeParams& p) {
     return PAGE > 0 ? PAGE : p.page_size;
   }
-  // Thread i < kIdsPerTile fetches the i-th page id of the tile (or -1 past the range).
+  // Thread i < kIdsPerTile fetches the i-th page id of the tile (-1 past the range or when out of
+  // range; `bad` records the latter).
   static __device__ __forceinline__ int32_t fetch_page_id(const DecodeParams& p, int32_t tile0,
-                                                          int32_t kv_end, int32_t page_base) {
+                                                          int32_t kv_end, int32_t page_base, bool& bad) {
     const int ps = page_size(p);
     const int32_t first = tile0 / ps;
     const int32_t last = (min(tile0 + kTile, kv_end) - 1) / ps;
     const int32_t i = first + int32_t(threadIdx.x);
-    return (threadIdx.x < kIdsPerTile && tile0 < kv_end && i <= last) ? p.kv_indices[page_base + i] : -1;
+    if (threadIdx.x >= kIdsPerTile || tile0 >= kv_end || i > last) return -1;
+    const int32_t id = checked_page(p, page_base + i);
+    bad |= id < 0;
+    return id;
   }
 
   static __device__ void load_tile(const DecodeParams& p, char* smem, int stage, int32_t tile0,
@@ -74,10 +78,10 @@ struct DecodeMmaKernel {
       const int chunks = is_k ? kChunksK : kChunksV;
       const int r = local / chunks, c = local % chunks;
       const int32_t tok = tile0 + r;
-      const bool valid = tok < kv_end;
+      const int64_t page = tok < kv_end ? ids[tok / ps - first] : -1;  // -1: past the range or bad
+      const bool valid = page >= 0;
       const char* src = is_k ? kbase : vbase;
       if (valid) {
-        const int64_t page = ids[tok / ps - first];
         src += ((is_k ? p.k_stride_page : p.v_stride_page) * page +
                 (is_k ? p.k_stride_token : p.v_stride_token) * int64_t(tok % ps)) * 2 + c * 16;
       }
@@ -97,8 +101,9 @@ struct DecodeMmaKernel {
 
     int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);
     auto tile_start = [&](int tile) { return item.kv_begin + tile * kTile; };
+    bool bad = false;  // a page id was out of range: the rows come out NaN
     for (int st = 0; st < STAGES && st < n_tiles; ++st) {
-      const int32_t id = fetch_page_id(p, tile_start(st), item.kv_end, page_base);
+      const int32_t id = fetch_page_id(p, tile_start(st), item.kv_end, page_base, bad);
       if (threadIdx.x < kIdsPerTile) ring[st * kIdsPerTile + threadIdx.x] = id;
     }
     __syncthreads();
@@ -145,7 +150,7 @@ struct DecodeMmaKernel {
       cp_async_commit();
       // Page ids of the tile after that: loaded now, stored after this tile's math.
       const int32_t next_id = tile + STAGES < n_tiles
-          ? fetch_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base) : -1;
+          ? fetch_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, bad) : -1;
 
       const char* ks_base = smem + (tile % STAGES) * kStageBytes + warp * 16 * kPitchK;
       const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
@@ -229,7 +234,7 @@ struct DecodeMmaKernel {
         ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = next_id;
     }
     cp_async_wait<0>();
-    __syncthreads();
+    const bool poisoned = __syncthreads_or(bad);
 
     // Merge the warps' states: per warp m[16], d[16], acc[16][DVO] in shared memory.
     float* mw = reinterpret_cast<float*>(smem);
@@ -273,6 +278,7 @@ struct DecodeMmaKernel {
         lse = den > 0.0f ? mx + log2f(den) : -INFINITY;
       }
       o *= p.variant.v_scale;
+      if (poisoned) o = lse = NAN;
       const int qo_head = head0 + row;
       if (item.partial_slot < 0) {
         store_from_f32<ODT>(p.o, item.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);

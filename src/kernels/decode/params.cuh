@@ -42,9 +42,11 @@ struct DecodeParams {
   int64_t k_stride_page, k_stride_token, k_stride_head;
   int64_t v_stride_page, v_stride_token, v_stride_head;
   const int32_t* kv_indptr;
-  const int32_t* kv_indices;
+  const int32_t* kv_indices;  // the workspace's copy, or the caller's device-resident table
   const int32_t* kv_last_page_len;
   int32_t page_size;
+  int32_t num_pages;          // pages in the cache: page ids outside [0, num_pages) are errors
+  int32_t* error;             // [flag, position, value, num_pages] of the first bad page id
 
   // The plan: CTA w (blockIdx.x) runs items [worker_begin[w], worker_begin[w + 1]) in order.
   const DeviceWorkItem* items;
@@ -56,5 +58,22 @@ struct DecodeParams {
   int32_t num_qo_heads, num_kv_heads;
   VariantParams variant;
 };
+
+#if defined(__CUDACC__)  // device code (NVRTC or nvcc); host code includes this file for the layout
+// The page id at position `pos` of kv_indices, or -1 when it lies outside [0, num_pages): then
+// nothing is read through it, the first such id is recorded in p.error (BatchDecode::
+// check_errors() reports it), and the caller poisons its rows with NaN. Page tables that live on
+// the device are never checked on the host, so this is their only guard.
+__device__ __forceinline__ int32_t checked_page(const DecodeParams& p, int32_t pos) {
+  const int32_t id = p.kv_indices[pos];
+  if (id >= 0 && id < p.num_pages) return id;
+  if (atomicCAS(p.error, 0, 1) == 0) {
+    p.error[1] = pos;
+    p.error[2] = id;
+    p.error[3] = p.num_pages;
+  }
+  return -1;
+}
+#endif
 
 }  // namespace kvattn::kernels

@@ -43,13 +43,15 @@ __device__ void merge_partials(const DecodeParams& p) {
     for (int sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl)
       lse_max = fmaxf(lse_max, p.partial_lse[int64_t(sl) * group + gh]);
     float o = 0.0f, wsum = 0.0f;
+    bool poisoned = false;  // a NaN state (a bad page id) makes the row NaN
     for (int sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl) {
       const float x = p.partial_o[(int64_t(sl) * group + gh) * DVO + e];
+      const float l = p.partial_lse[int64_t(sl) * group + gh];
+      poisoned |= l != l;
       if (!softmax_on) {
         o += x;
         continue;
       }
-      const float l = p.partial_lse[int64_t(sl) * group + gh];
       const float w = l == -INFINITY ? 0.0f : exp2f(l - lse_max);
       o += w * x;
       wsum += w;
@@ -59,6 +61,7 @@ __device__ void merge_partials(const DecodeParams& p) {
       o = wsum > 0.0f ? o / wsum : 0.0f;
       lse = wsum > 0.0f ? lse_max + log2f(wsum) : -INFINITY;
     }
+    if (poisoned) o = lse = NAN;
     const int qo_head = m.kv_head * group + gh;
     store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
     if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;

@@ -1,0 +1,172 @@
+// See bench_io.h.
+#include "bench_io.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "host_tensors.h"
+#include "kvattn/kvattn.h"
+
+#if KVATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/runtime.h"
+#endif
+
+namespace kvattn_cli {
+
+void fill_bench_bf16(uint16_t* dst, uint64_t first, uint64_t count, uint32_t seed, float scale) {
+  // The 256 possible values, as bf16 bits (exact: (u - 128) * scale with scale a power of two).
+  uint16_t table[256];
+  for (int u = 0; u < 256; ++u) table[u] = float_to_bf16(float(u - 128) * scale);
+  const uint64_t threads =
+      std::clamp<uint64_t>(count / (uint64_t(1) << 20), 1, std::max(1u, std::thread::hardware_concurrency()));
+  auto work = [&](uint64_t t) {
+    const uint64_t lo = count * t / threads, hi = count * (t + 1) / threads;
+    for (uint64_t j = lo; j < hi; ++j) dst[j] = table[bench_hash_u8(seed, first + j)];
+  };
+  std::vector<std::thread> pool;
+  for (uint64_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+}
+
+void write_npy(const std::string& path, const char* descr, const std::vector<int64_t>& shape,
+               const void* data, size_t nbytes) {
+  std::string dims;  // "3, 4" for (3, 4); "5," for (5,); "" for a scalar
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ",";
+  std::string header = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // Magic (6) + version (2) + header length (2) + header, padded with spaces to a multiple of 64
+  // and ended by '\n', as NumPy writes it.
+  const size_t total = (10 + header.size() + 1 + 63) / 64 * 64;
+  header.append(total - 10 - header.size() - 1, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw kvattn::Error("cannot write " + path + ": " + std::strerror(errno));
+  const unsigned char preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+                                      static_cast<unsigned char>(header.size() & 0xff),
+                                      static_cast<unsigned char>(header.size() >> 8)};
+  f.write(reinterpret_cast<const char*>(preamble), sizeof preamble);
+  f.write(header.data(), std::streamsize(header.size()));
+  f.write(static_cast<const char*>(data), std::streamsize(nbytes));
+  if (!f) throw kvattn::Error("cannot write " + path + " (disk full?)");
+}
+
+IoExport::IoExport(std::string dir, std::string tool, int64_t kv_limit_bytes)
+    : dir_(std::move(dir)), kv_limit_bytes_(kv_limit_bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) throw kvattn::Error("--save-io: cannot create " + dir_ + ": " + ec.message());
+  if (!dir_.empty() && dir_.back() != '/') dir_ += '/';
+  manifest_ = {{"format", "kvattn-bench-io"},
+               {"format_version", 1},
+               {"tool", std::move(tool)},
+               {"kvattn_version", kvattn::kVersion},
+               {"kv_limit_bytes", kv_limit_bytes_},
+               {"generator",
+                {{"name", "kvattn-hash-v1"},
+                 {"seeds", {{"q", kSeedQ}, {"k_cache", kSeedK}, {"v_cache", kSeedV}}},
+                 {"scales", {{"q", kScaleQ}, {"k_cache", kScaleKV}, {"v_cache", kScaleKV}}}}},
+               {"cases", nlohmann::json::array()}};
+}
+
+std::string IoExport::case_dir(const std::string& id) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_ + id, ec);
+  if (ec) throw kvattn::Error("--save-io: cannot create " + dir_ + id + ": " + ec.message());
+  return id + "/";
+}
+
+nlohmann::json IoExport::array(const std::string& rel, const char* dtype, const std::vector<int64_t>& shape,
+                               const void* data, size_t nbytes) {
+  const std::string d(dtype);
+  const char* descr = d == "i32" ? "<i4" : d == "f32" ? "<f4" : "<u2";  // bf16 and f16 as uint16
+  write_npy(dir_ + rel, descr, shape, data, nbytes);
+  return {{"file", rel}, {"dtype", d}, {"shape", shape}};
+}
+
+void IoExport::add_case(nlohmann::json c) {
+  manifest_["cases"].push_back(std::move(c));
+  const std::string tmp = dir_ + "manifest.json.tmp";
+  {
+    std::ofstream f(tmp);
+    f << manifest_.dump(1) << "\n";
+    if (!f) throw kvattn::Error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, dir_ + "manifest.json");
+}
+
+#if KVATTN_WITH_CUDA
+namespace {
+void cuda_ok(cudaError_t e, const char* what) { kvattn::cuda::check(e, what); }
+
+template <class T>
+std::vector<T> to_host(const T* dev, size_t n) {
+  std::vector<T> h(n);
+  cuda_ok(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+  return h;
+}
+}  // namespace
+
+void upload_bench_values(uint16_t* dev, uint64_t count, uint32_t seed, float scale) {
+  const uint64_t chunk = std::clamp<uint64_t>(count, 1, uint64_t(1) << 25);  // up to 32 Mi elements (64 MB)
+  uint16_t* pinned[2] = {nullptr, nullptr};
+  cudaEvent_t done[2];
+  for (int b = 0; b < 2; ++b) {
+    cuda_ok(cudaMallocHost(reinterpret_cast<void**>(&pinned[b]), chunk * 2), "cudaMallocHost");
+    cuda_ok(cudaEventCreateWithFlags(&done[b], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  for (uint64_t at = 0, k = 0; at < count; at += chunk, ++k) {
+    const int b = int(k % 2);
+    const uint64_t n = std::min(chunk, count - at);
+    cuda_ok(cudaEventSynchronize(done[b]), "cudaEventSynchronize");  // the chunk's last copy is done
+    fill_bench_bf16(pinned[b], at, n, seed, scale);
+    cuda_ok(cudaMemcpyAsync(dev + at, pinned[b], n * 2, cudaMemcpyHostToDevice, nullptr), "cudaMemcpyAsync");
+    cuda_ok(cudaEventRecord(done[b], nullptr), "cudaEventRecord");
+  }
+  cuda_ok(cudaDeviceSynchronize(), "upload");
+  for (int b = 0; b < 2; ++b) {
+    cudaEventDestroy(done[b]);
+    cudaFreeHost(pinned[b]);
+  }
+}
+
+void export_decode_case(IoExport& io, const DecodeCaseIo& c) {
+  const std::string dir = io.case_dir(c.id);
+  const int64_t rows = c.batch * c.num_qo_heads, D = c.head_dim;
+  const std::vector<int64_t> cache_shape{c.num_pages, c.page_size, c.num_kv_heads, D};
+  const size_t cache_elems = size_t(c.num_pages * c.page_size * c.num_kv_heads * D);
+  nlohmann::json arrays;
+  arrays["q"] = io.array(dir + "q.npy", "bf16", {c.batch, c.num_qo_heads, D}, to_host(c.q, size_t(rows * D)).data(),
+                         size_t(rows * D) * 2);
+  arrays["kv_indptr"] = io.array(dir + "kv_indptr.npy", "i32", {int64_t(c.indptr->size())}, c.indptr->data(),
+                                 c.indptr->size() * 4);
+  arrays["kv_indices"] = io.array(dir + "kv_indices.npy", "i32", {int64_t(c.indices->size())}, c.indices->data(),
+                                  c.indices->size() * 4);
+  arrays["kv_last_page_len"] = io.array(dir + "kv_last_page_len.npy", "i32", {int64_t(c.last_page_len->size())},
+                                        c.last_page_len->data(), c.last_page_len->size() * 4);
+  for (const char* name : {"k_cache", "v_cache"}) {
+    const uint16_t* src = std::string(name) == "k_cache" ? c.k_cache : c.v_cache;
+    if (int64_t(2 * cache_elems * 2) <= io.kv_limit_bytes())
+      arrays[name] = io.array(dir + name + ".npy", "bf16", cache_shape, to_host(src, cache_elems).data(), cache_elems * 2);
+    else  // too big to export: readers regenerate it (the manifest's "generator")
+      arrays[name] = {{"file", nullptr}, {"dtype", "bf16"}, {"shape", cache_shape}};
+  }
+  arrays["out"] = io.array(dir + "out.npy", "bf16", {c.batch, c.num_qo_heads, D}, to_host(c.out, size_t(rows * D)).data(),
+                           size_t(rows * D) * 2);
+  arrays["lse"] = io.array(dir + "lse.npy", "f32", {c.batch, c.num_qo_heads}, to_host(c.lse, size_t(rows)).data(),
+                           size_t(rows) * 4);
+  nlohmann::json entry = c.fields;
+  entry["id"] = c.id;
+  entry["arrays"] = std::move(arrays);
+  io.add_case(std::move(entry));
+}
+#endif
+
+}  // namespace kvattn_cli

@@ -1,0 +1,107 @@
+#include "cuda/prefill_kernels.h"
+
+#include <algorithm>
+
+#include "kernels/prefill/smem_layout.cuh"
+#include "kernels/variants/params.cuh"
+#include "kvattn/error.h"
+
+namespace kvattn::cuda {
+
+std::string PrefillKernelConfig::name() const {
+  std::string n = "prefill_" + std::string(dtype_name(q_dtype));
+  if (kv_dtype != q_dtype) n += "_kv" + std::string(dtype_name(kv_dtype));
+  if (o_dtype != q_dtype) n += "_o" + std::string(dtype_name(o_dtype));
+  n += "_hd" + std::to_string(head_dim_qk);
+  if (head_dim_vo != head_dim_qk) n += "x" + std::to_string(head_dim_vo);
+  n += "_g" + std::to_string(heads_per_cta) + "_w" + std::to_string(warps) + "_k" +
+       std::to_string(kv_tile) + "_s" + std::to_string(stages);
+  n += paged ? "_paged" + std::to_string(page_size) : "_ragged";
+  n += "_f" + std::to_string(features);
+  return n;
+}
+
+PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
+                                          bool paged, int page_size, uint32_t features,
+                                          int64_t max_qo_len) {
+  for (int d : {dqk, dvo})
+    KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
+                 " is not supported by the GPU prefill kernels (a multiple of 16 up to 256)");
+  KVATTN_CHECK(q == DType::f16 || q == DType::bf16, "q_dtype ", dtype_name(q),
+               " is not supported by the GPU prefill kernels (tensor cores take f16 or bf16)");
+  KVATTN_CHECK(kv == q || kv == DType::e4m3 || kv == DType::e5m2, "kv_dtype ", dtype_name(kv),
+               " is not supported by the GPU prefill kernels with q_dtype ", dtype_name(q),
+               " (the same dtype as q, or fp8 e4m3/e5m2)");
+  KVATTN_CHECK(o == DType::f32 || o == DType::f16 || o == DType::bf16, "o_dtype ", dtype_name(o),
+               " is not supported on the GPU");
+  KVATTN_CHECK(group >= 1, "GQA group size ", group, " must be >= 1");
+  PrefillKernelConfig c;
+  c.q_dtype = q;
+  c.kv_dtype = kv;
+  c.o_dtype = o;
+  c.head_dim_qk = dqk;
+  c.head_dim_vo = dvo;
+  c.features = features;
+  c.paged = paged;
+  c.page_size = paged && page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0 ? page_size : 0;
+  const bool wide = std::max(dqk, dvo) > 128;
+  const int max_warps = wide ? 4 : 8;
+  c.heads_per_cta = 1;
+  for (int g = 1; g <= group && g <= 128; ++g)
+    if (group % g == 0) c.heads_per_cta = g;
+  const int64_t rows = std::max<int64_t>(1, max_qo_len) * c.heads_per_cta;
+  c.warps = 1;
+  while (c.warps < max_warps && int64_t(c.warps) * 16 < rows) c.warps *= 2;
+  while (c.warps * 16 < c.heads_per_cta) c.warps *= 2;  // the M tile holds at least one token
+  c.kv_tile = wide || c.warps == 1 ? 32 : 64;
+  c.stages = 2;
+  return c;
+}
+
+int prefill_smem_bytes(const PrefillKernelConfig& c) {
+  return kernels::prefill::smem_layout(c.head_dim_qk, c.head_dim_vo, int(dtype_size(c.kv_dtype)), c.warps,
+                                       c.kv_tile, c.stages, c.paged, (c.features & kernels::kRope) != 0)
+      .total;
+}
+
+namespace {
+std::string code(DType t) { return std::to_string(int(t)); }  // kernels::DTypeCode numbering
+}  // namespace
+
+KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
+  KernelSpec spec;
+  spec.name = c.name();
+  spec.entry = "kvattn_" + spec.name;
+  spec.arch = arch;
+  const std::string config = "kvattn::kernels::prefill::PrefillConfig<" + code(c.q_dtype) + ", " +
+                             code(c.kv_dtype) + ", " + code(c.o_dtype) + ", " +
+                             std::to_string(c.head_dim_qk) + ", " + std::to_string(c.head_dim_vo) +
+                             ", " + std::to_string(c.heads_per_cta) + ", " + std::to_string(c.warps) +
+                             ", " + std::to_string(c.kv_tile) + ", " + std::to_string(c.stages) + ", " +
+                             (c.paged ? "true" : "false") + ", " + std::to_string(c.page_size) + ", " +
+                             std::to_string(c.features) + "u>";
+  spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
+                "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ") " +
+                spec.entry + "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
+                "  extern __shared__ __align__(16) char smem[];\n"
+                "  kvattn::kernels::prefill::run_one_item<kvattn::kernels::prefill::PrefillMmaKernel<" +
+                config + ">>(p, smem);\n}\n";
+  return spec;
+}
+
+KernelSpec prefill_merge_spec(const PrefillKernelConfig& c, const std::string& arch) {
+  const bool sigmoid = c.features & kernels::kSigmoid;
+  KernelSpec spec;
+  spec.name = "prefill_merge_" + std::string(dtype_name(c.o_dtype)) + "_hd" + std::to_string(c.head_dim_vo) +
+              (sigmoid ? "_sigmoid" : "");
+  spec.entry = "kvattn_" + spec.name;
+  spec.arch = arch;
+  spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
+                "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kPrefillMergeThreads) +
+                ") " + spec.entry + "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
+                "  kvattn::kernels::prefill::merge_partials<" + code(c.o_dtype) + ", " +
+                std::to_string(c.head_dim_vo) + ", " + (sigmoid ? "true" : "false") + ">(p);\n}\n";
+  return spec;
+}
+
+}  // namespace kvattn::cuda

@@ -1,0 +1,220 @@
+#include "cuda/prefill_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/runtime.h"
+#include "kvattn/error.h"
+
+namespace kvattn::cuda {
+
+using kernels::DeviceMergeEntry;
+using kernels::DeviceWorkItem;
+
+static_assert(sizeof(DeviceWorkItem) == sizeof(WorkItem) && sizeof(DeviceMergeEntry) == sizeof(MergeEntry),
+              "device work items and merge entries mirror the planner's");
+
+namespace {
+constexpr int64_t kAlign = 256;
+int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the plan's sections in the workspace: the partial states (sized by the
+// capacity) first, then the metadata and index arrays (one copy), the variable-length page ids and
+// custom mask last, so that a graph-mode re-plan moves nothing a captured launch points at.
+struct WorkspaceLayout {
+  int64_t partial_o = 0, partial_lse = 0;
+  int64_t items = 0, merges = 0, qo_indptr = 0, kv_indptr = 0, last_page_len = 0, mask_indptr = 0;
+  int64_t indices = 0, mask = 0, end = 0;
+};
+}  // namespace
+
+PrefillRunner::~PrefillRunner() {
+  for (Staging& st : staging_) {
+    if (st.copied) cudaEventDestroy(st.copied);
+    if (st.host) cudaFreeHost(st.host);
+  }
+}
+
+void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t workspace_bytes, int device,
+                         cudaStream_t stream) {
+  require_cuda("BatchPrefill.plan on a CUDA workspace");
+  DeviceGuard guard(device);
+  const DeviceInfo& dev = device_info(device);
+  const int group = pr.num_qo_heads / pr.num_kv_heads;
+  const int64_t batch = int64_t(pr.kv_len.size());
+  int64_t max_qo = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    max_qo = std::max<int64_t>(max_qo, pr.qo_indptr[size_t(b + 1)] - pr.qo_indptr[size_t(b)]);
+  // A captured run() replays the kernel (and query tile) of the plan it captured: in graph mode
+  // the choice depends on the capacity only, never on the batch.
+  if (pr.scheduler.cuda_graph) max_qo = std::max<int64_t>(max_qo, pr.scheduler.cuda_graph->max_tokens);
+  const PrefillKernelConfig cfg =
+      choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
+                            pr.paged, pr.page_size, pr.variant.features, max_qo);
+  // The kernels of the previous plan serve again when nothing that specialises them changed.
+  cudaKernel_t kernel = kernel_, merge = merge_kernel_;
+  int per_sm = per_sm_;
+  const int smem = prefill_smem_bytes(cfg);
+  if (!kernel || device != device_ || cfg.name() != config_.name()) {
+    KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "prefill kernel ", cfg.name(), " needs ",
+                 smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
+    kernel = KernelCache::global().kernel(prefill_spec(cfg, dev.arch));
+    merge = KernelCache::global().kernel(prefill_merge_spec(cfg, dev.arch));
+    check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+          "raising the prefill kernel's shared-memory limit");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
+                                                        cfg.threads(), smem),
+          "querying the prefill kernel's occupancy");
+  }
+  const int head_chunks = group / cfg.heads_per_cta;
+  SchedulerOptions opts = pr.scheduler;
+  if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
+
+  PlannerInputs in;
+  in.qo_indptr = pr.qo_indptr;
+  in.kv_len = pr.kv_len;
+  in.num_qo_heads = pr.num_qo_heads;
+  in.num_kv_heads = pr.num_kv_heads;
+  in.head_dim_qk = pr.head_dim_qk;
+  in.head_dim_vo = pr.head_dim_vo;
+  in.tile = TileShape{cfg.query_tokens(), cfg.kv_tile};
+  in.causal = (pr.variant.features & kernels::kCausal) != 0;
+  in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
+  const Plan& plan = planner_.plan(in, opts);
+
+  // Lay out the workspace.
+  const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
+  const int64_t rows = plan.partial_slot_rows();
+  const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
+  const bool has_mask = (pr.variant.features & kernels::kCustomMask) != 0;
+  WorkspaceLayout L;
+  L.partial_o = 0;
+  L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
+  L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
+  L.merges = L.items + plan.item_capacity() * int64_t(sizeof(WorkItem));
+  L.qo_indptr = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
+  L.kv_indptr = L.qo_indptr + (batch_cap + 1) * 4;
+  L.last_page_len = L.kv_indptr + (batch_cap + 1) * 4;
+  L.mask_indptr = L.last_page_len + batch_cap * 4;
+  L.indices = L.mask_indptr + (batch_cap + 1) * 4;
+  L.mask = L.indices + int64_t(pr.kv_indices.size()) * 4;
+  L.end = L.mask + (has_mask ? int64_t(pr.custom_mask.size()) : 0);
+  KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
+               " bytes, the workspace has ", workspace_bytes);
+
+  // Stage everything in pinned memory (the buffer used two plans ago), then one copy.
+  Staging& st = staging_[next_staging_];
+  const int64_t copy_bytes = L.end - L.items;
+  if (st.copied) check(cudaEventSynchronize(st.copied), "waiting for an earlier plan's copy");
+  if (copy_bytes > st.bytes) {
+    if (st.host) check(cudaFreeHost(st.host), "freeing a plan staging buffer");
+    st.host = nullptr;
+    st.bytes = 0;
+    const int64_t want = std::max<int64_t>(copy_bytes * 5 / 4, int64_t(1) << 16);
+    check(cudaMallocHost(&st.host, size_t(want)), "allocating a plan staging buffer");
+    st.bytes = want;
+  }
+  if (!st.copied) check(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming), "creating an event");
+  char* host = static_cast<char*>(st.host) - L.items;  // host + offset mirrors the workspace
+  auto* items = reinterpret_cast<WorkItem*>(host + L.items);
+  // One CTA per item: round-robin over the workers' lists, so the longest items start first.
+  int64_t pos = 0;
+  active_.clear();
+  for (int w = 0; w < plan.num_workers(); ++w)
+    if (!plan.worker_items(w).empty()) active_.push_back(w);
+  for (size_t i = 0; !active_.empty(); ++i) {
+    size_t kept = 0;
+    for (int w : active_) {
+      auto list = plan.worker_items(w);
+      items[pos++] = list[i];
+      if (i + 1 < list.size()) active_[kept++] = w;
+    }
+    active_.resize(kept);
+  }
+  for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
+  auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
+  std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
+  for (int64_t i = plan.num_merges(); i < merge_cap; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
+  auto copy_ints = [&](int64_t at, std::span<const int32_t> v) {
+    if (!v.empty()) std::memcpy(host + at, v.data(), v.size_bytes());
+  };
+  copy_ints(L.qo_indptr, pr.qo_indptr);
+  copy_ints(L.kv_indptr, pr.kv_indptr);
+  if (pr.paged) {
+    copy_ints(L.last_page_len, pr.kv_last_page_len);
+    copy_ints(L.indices, pr.kv_indices);
+  }
+  if (has_mask) {
+    copy_ints(L.mask_indptr, pr.mask_indptr);
+    if (!pr.custom_mask.empty()) std::memcpy(host + L.mask, pr.custom_mask.data(), pr.custom_mask.size());
+  }
+  char* ws = static_cast<char*>(workspace);
+  check(cudaMemcpyAsync(ws + L.items, st.host, size_t(copy_bytes), cudaMemcpyHostToDevice, stream),
+        "copying the plan");
+  check(cudaEventRecord(st.copied, stream), "recording the plan's copy");
+  next_staging_ ^= 1;
+
+  kernels::PrefillParams b{};
+  b.qo_indptr = reinterpret_cast<const int32_t*>(ws + L.qo_indptr);
+  b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.kv_indptr);
+  b.kv_indices = reinterpret_cast<const int32_t*>(ws + L.indices);
+  b.kv_last_page_len = reinterpret_cast<const int32_t*>(ws + L.last_page_len);
+  b.page_size = pr.page_size;
+  b.items = reinterpret_cast<const DeviceWorkItem*>(ws + L.items);
+  b.merges = reinterpret_cast<const DeviceMergeEntry*>(ws + L.merges);
+  b.partial_o = reinterpret_cast<float*>(ws + L.partial_o);
+  b.partial_lse = reinterpret_cast<float*>(ws + L.partial_lse);
+  b.partial_rows = int32_t(rows);
+  b.num_qo_heads = pr.num_qo_heads;
+  b.num_kv_heads = pr.num_kv_heads;
+  b.variant = pr.variant;
+  b.variant.custom_mask = has_mask ? reinterpret_cast<const uint8_t*>(ws + L.mask) : nullptr;
+  b.variant.mask_indptr = has_mask ? reinterpret_cast<const int32_t*>(ws + L.mask_indptr) : nullptr;
+
+  config_ = cfg;
+  kernel_ = kernel;
+  merge_kernel_ = merge;
+  smem_bytes_ = smem;
+  per_sm_ = per_sm;
+  device_ = device;
+  head_chunks_ = head_chunks;
+  grid_ = opts.cuda_graph ? plan.item_capacity() : plan.num_items();
+  merge_grid_ = opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
+  workspace_used_ = L.end;
+  base_ = b;
+}
+
+void PrefillRunner::run(const PrefillTensors& t, cudaStream_t stream) const {
+  KVATTN_CHECK(kernel_ != nullptr, "BatchPrefill.run() was called before plan()");
+  DeviceGuard guard(device_);
+  kernels::PrefillParams p = base_;
+  p.q = t.q;
+  p.q_stride_n = t.q_stride_n;
+  p.q_stride_h = t.q_stride_h;
+  p.o = t.o;
+  p.o_stride_n = t.o_stride_n;
+  p.o_stride_h = t.o_stride_h;
+  p.lse = t.lse;
+  p.lse_stride_n = t.lse_stride_n;
+  p.lse_stride_h = t.lse_stride_h;
+  p.k = t.k;
+  p.v = t.v;
+  p.k_stride_page = t.k_stride_page;
+  p.k_stride_token = t.k_stride_token;
+  p.k_stride_head = t.k_stride_head;
+  p.v_stride_page = t.v_stride_page;
+  p.v_stride_token = t.v_stride_token;
+  p.v_stride_head = t.v_stride_head;
+  void* args[] = {&p};
+  if (grid_ == 0) return;  // nothing to compute
+  check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(grid_), unsigned(head_chunks_)),
+                         dim3(unsigned(config_.threads())), args, size_t(smem_bytes_), stream),
+        "launching the prefill kernel");
+  if (merge_grid_ > 0)
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_)),
+                           dim3(kPrefillMergeThreads), args, 0, stream),
+          "launching the prefill merge kernel");
+}
+
+}  // namespace kvattn::cuda

@@ -1,0 +1,85 @@
+// Batch prefill/append on the GPU: plan() schedules the batch with the planner (query tiles of the
+// kernel's M tile, KV chunks of its KV tile), picks and loads the kernel, and stages the work list,
+// the index arrays and the custom mask into the caller's device workspace with one copy; run()
+// only launches, so it can be captured in a CUDA graph (graph mode keeps every buffer's address;
+// with a custom mask and a paged cache the mask follows the page ids, so a captured run stays
+// valid across re-plans only while the number of page ids is the same).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cuda/prefill_kernels.h"
+#include "kernels/prefill/params.cuh"
+#include "kvattn/plan.h"
+
+namespace kvattn::cuda {
+
+struct PrefillProblem {
+  int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0;
+  bool paged = false;
+  int page_size = 0;
+  DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
+  kernels::VariantParams variant;  // its custom-mask pointers are replaced by the staged copies
+  // Validated host arrays: qo_indptr [B+1]; kv_indptr [B+1] (tokens, ragged; pages, paged);
+  // paged: kv_indices, kv_last_page_len [B]; kv_len [B].
+  std::span<const int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len;
+  std::span<const uint8_t> custom_mask;      // with the kCustomMask feature
+  std::span<const int32_t> mask_indptr;      // [B+1]
+  SchedulerOptions scheduler;
+};
+
+// Device pointers and element strides of one run (ragged: page strides unused).
+struct PrefillTensors {
+  const void* q;
+  int64_t q_stride_n, q_stride_h;
+  void* o;
+  int64_t o_stride_n, o_stride_h;
+  float* lse;  // may be null
+  int64_t lse_stride_n, lse_stride_h;
+  const void* k;
+  const void* v;
+  int64_t k_stride_page, k_stride_token, k_stride_head;
+  int64_t v_stride_page, v_stride_token, v_stride_head;
+};
+
+class PrefillRunner {
+ public:
+  PrefillRunner() = default;
+  ~PrefillRunner();
+  PrefillRunner(const PrefillRunner&) = delete;
+  PrefillRunner& operator=(const PrefillRunner&) = delete;
+
+  // Throws kvattn::Error (workspace too small, unsupported shape, no device) before touching the
+  // previous plan's buffers, except the staging copy, which it orders after the previous one.
+  void plan(const PrefillProblem& problem, void* workspace, int64_t workspace_bytes, int device,
+            cudaStream_t stream);
+  void run(const PrefillTensors& t, cudaStream_t stream) const;
+
+  const Plan& schedule() const { return planner_.current(); }
+  const PrefillKernelConfig& config() const { return config_; }
+  bool planned() const { return kernel_ != nullptr; }
+  int64_t workspace_used() const { return workspace_used_; }
+
+ private:
+  Planner planner_;
+  PrefillKernelConfig config_;
+  cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
+  int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
+  std::vector<int> active_;  // scratch of the round-robin staging
+  int64_t grid_ = 0, merge_grid_ = 0, workspace_used_ = 0;
+  kernels::PrefillParams base_{};  // the plan's part of the kernel parameters
+  // Two pinned host buffers in turn: a plan() waits only for the copy made two plans ago.
+  struct Staging {
+    void* host = nullptr;
+    int64_t bytes = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  Staging staging_[2];
+  int next_staging_ = 0;
+};
+
+}  // namespace kvattn::cuda

@@ -1,0 +1,39 @@
+// Shared-memory layout of the tensor-core prefill kernel as plain constexpr functions, so that the
+// host launcher (src/cuda/prefill_kernels.cpp) and the kernel compute the same sizes.
+//
+//   [ Q tile: M rows x pitch(DQK) in the MMA type                        ]
+//   [ STAGES x (K tile | V tile), KV_TILE rows each, in the KV storage type ]
+//   [ fp8 KV only: one K | V tile converted to the MMA type               ]
+//   [ fused RoPE only: DQK/2 f32 frequencies                              ]
+//   [ paged KV only: (STAGES + 1) x KV_TILE page ids (a ring, one tile ahead) ]
+//
+// Every row pitch is an odd number of 16-byte chunks, so the 8 rows one ldmatrix phase reads fall
+// in 8 different 16-byte bank groups (no conflicts) and cp.async destinations stay 16-byte aligned.
+#pragma once
+
+#include "kernels/common/host_device.cuh"
+
+namespace kvattn::kernels::prefill {
+
+constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
+
+struct SmemLayout {
+  int q = 0, stages = 0, convert = 0, freq = 0, ring = 0, total = 0;
+  int stage_bytes = 0;
+};
+
+// mma_bytes: bytes of the MMA type (2); kv_bytes: of the KV storage type (2, or 1 for fp8).
+constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int warps, int kv_tile,
+                                 int stages, bool paged, bool rope) {
+  SmemLayout l;
+  l.q = 0;
+  l.stages = warps * 16 * pitch_bytes(dqk * 2);
+  l.stage_bytes = kv_tile * (pitch_bytes(dqk * kv_bytes) + pitch_bytes(dvo * kv_bytes));
+  l.convert = l.stages + stages * l.stage_bytes;
+  l.freq = l.convert + (kv_bytes != 2 ? kv_tile * (pitch_bytes(dqk * 2) + pitch_bytes(dvo * 2)) : 0);
+  l.ring = l.freq + (rope ? (dqk / 2) * 4 : 0);
+  l.total = l.ring + (paged ? (stages + 1) * kv_tile * 4 : 0);
+  return l;
+}
+
+}  // namespace kvattn::kernels::prefill

@@ -1,0 +1,187 @@
+// The prefill kernel's compile-time configuration and its data movement: the Q tile (GQA-packed
+// rows, fused RoPE applied on load), the page-id ring, the cp.async K/V tile copies (ragged or
+// paged, NHD or HND through strides) and the in-shared-memory transform of a landed tile (fp8 to
+// the MMA type, RoPE on K).
+#pragma once
+
+#include "kernels/common/mma.cuh"
+#include "kernels/prefill/params.cuh"
+#include "kernels/prefill/smem_layout.cuh"
+#include "kernels/variants/builtin.cuh"
+
+namespace kvattn::kernels::prefill {
+
+// DT: q and MMA type (f16/bf16); KVDT: KV storage (DT, e4m3 or e5m2); GH: query heads per CTA
+// (rows r of the M tile: token r / GH, head r % GH); PAGE: baked page size, 0 = read at run time.
+template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int KV_TILE_,
+          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_>
+struct PrefillConfig {
+  static constexpr int DT = DT_, KVDT = KVDT_, ODT = ODT_, DQK = DQK_, DVO = DVO_, GH = GH_;
+  static constexpr int WARPS = WARPS_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
+  static constexpr bool PAGED = PAGED_;
+  static constexpr uint32_t FEATURES = FEATURES_;
+  static_assert(DT == kF16 || DT == kBF16, "the tensor-core prefill computes in f16 or bf16");
+  static_assert(KVDT == DT || KVDT == kE4M3 || KVDT == kE5M2, "KV is the q dtype or fp8");
+  static_assert(DQK % 16 == 0 && DVO % 16 == 0 && DQK <= 256 && DVO <= 256, "head dims");
+  static_assert(KV_TILE % 16 == 0 && STAGES >= 2 && GH >= 1 && GH <= WARPS * 16, "tile shape");
+  static_assert(FEATURES != kDynamicFeatures, "the JIT bakes the variant's features in");
+  static_assert(!PAGED || WARPS * 32 >= KV_TILE, "one thread per token fetches a tile's page ids");
+
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kM = WARPS * 16;
+  static constexpr int kKVBytes = DTypeInfo<KVDT>::bytes;
+  static constexpr bool kConvert = KVDT != DT;
+  static constexpr bool kHasRope = (FEATURES & kRope) != 0;
+  static constexpr bool kTransform = kConvert || kHasRope;
+  static constexpr int kPitchQ = pitch_bytes(DQK * 2);
+  static constexpr int kPitchK = pitch_bytes(DQK * 2), kPitchV = pitch_bytes(DVO * 2);
+  static constexpr int kRawPitchK = pitch_bytes(DQK * kKVBytes), kRawPitchV = pitch_bytes(DVO * kKVBytes);
+  static constexpr int kRawChunksK = DQK * kKVBytes / 16, kRawChunksV = DVO * kKVBytes / 16;
+  static constexpr SmemLayout kLayout =
+      smem_layout(DQK, DVO, kKVBytes, WARPS, KV_TILE, STAGES, PAGED, kHasRope);
+  static constexpr int kSmemBytes = kLayout.total;
+};
+
+// Per-item facts every stage of the kernel needs.
+struct ItemInfo {
+  int32_t request, kv_head, head0;  // head0: first query head of this CTA
+  int32_t q_row0, qo_len;           // request's first query row (global) and query count
+  int32_t kv_len, kv_row0;          // ragged: first KV row; paged: first index into kv_indices
+  int32_t q_begin, q_tokens;        // the item's query tokens [q_begin, q_begin + q_tokens)
+  int32_t kv_begin, kv_end;
+};
+
+template <class C>
+struct TileIO {
+  static __device__ __forceinline__ int page_size(const PrefillParams& p) {
+    return C::PAGE > 0 ? C::PAGE : p.page_size;
+  }
+
+  // Loads the M x DQK query tile (rows past the item are zero) in the MMA type, rotating it
+  // first when RoPE is fused (query i at position kv_len - qo_len + i).
+  static __device__ void load_q(const PrefillParams& p, const ItemInfo& it, char* qs, const float* freq) {
+    constexpr int kHalf = C::DQK / 2;
+    for (int i = threadIdx.x; i < C::kM * kHalf; i += C::kThreads) {
+      const int row = i / kHalf, t = i % kHalf;
+      const int tq = row / C::GH, hh = row % C::GH;
+      const bool interleave = (C::FEATURES & kRopeInterleave) != 0;
+      const int i0 = (!C::kHasRope || interleave) ? 2 * t : t;
+      const int i1 = (!C::kHasRope || interleave) ? 2 * t + 1 : t + kHalf;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (tq < it.q_tokens) {
+        const int64_t base = int64_t(it.q_row0 + it.q_begin + tq) * p.q_stride_n +
+                             int64_t(it.head0 + hh) * p.q_stride_h;
+        x0 = load_as_f32<C::DT>(p.q, base + i0);
+        x1 = load_as_f32<C::DT>(p.q, base + i1);
+        if constexpr (C::kHasRope) {
+          const int64_t pos = int64_t(it.kv_len) - it.qo_len + it.q_begin + tq;
+          const float a = float(pos) * freq[t];
+          const float c = cosf(a), s = sinf(a);
+          const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+          x0 = y0;
+          x1 = y1;
+        }
+      }
+      char* row_ptr = qs + row * C::kPitchQ;
+      if constexpr (!C::kHasRope) {
+        *reinterpret_cast<uint32_t*>(row_ptr + i0 * 2) = pack2<C::DT>(x0, x1);
+      } else {
+        const uint32_t both = pack2<C::DT>(x0, x1);
+        *reinterpret_cast<uint16_t*>(row_ptr + i0 * 2) = uint16_t(both & 0xffffu);
+        *reinterpret_cast<uint16_t*>(row_ptr + i1 * 2) = uint16_t(both >> 16);
+      }
+    }
+  }
+
+  // Thread i < KV_TILE returns the page of token tile0 + i (0 past the range).
+  static __device__ __forceinline__ int32_t fetch_page_id(const PrefillParams& p, const ItemInfo& it,
+                                                          int32_t tile0) {
+    const int32_t tok = tile0 + int32_t(threadIdx.x);
+    if (threadIdx.x >= C::KV_TILE || tok >= it.kv_end) return 0;
+    return p.kv_indices[it.kv_row0 + tok / page_size(p)];
+  }
+
+  // Issues the cp.async copies of the K and V rows of tokens [tile0, tile0 + KV_TILE) (zero past
+  // kv_end) into a stage. ids: the tile's page ids (paged).
+  static __device__ void load_kv(const PrefillParams& p, const ItemInfo& it, char* stage, int32_t tile0,
+                                 const int32_t* ids) {
+    const int ps = page_size(p);
+    const char* kbase = static_cast<const char*>(p.k) + int64_t(it.kv_head) * p.k_stride_head * C::kKVBytes;
+    const char* vbase = static_cast<const char*>(p.v) + int64_t(it.kv_head) * p.v_stride_head * C::kKVBytes;
+    char* kdst = stage;
+    char* vdst = stage + C::KV_TILE * C::kRawPitchK;
+    auto row_offset = [&](int r, int64_t stride_page, int64_t stride_token) -> int64_t {
+      const int32_t tok = tile0 + r;
+      if constexpr (C::PAGED)
+        return int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
+      else
+        return int64_t(it.kv_row0 + tok) * stride_token;
+    };
+    for (int id = threadIdx.x; id < C::KV_TILE * C::kRawChunksK; id += C::kThreads) {
+      const int r = id / C::kRawChunksK, c = id % C::kRawChunksK;
+      const bool valid = tile0 + r < it.kv_end;
+      const char* src = kbase;
+      if (valid) src += row_offset(r, p.k_stride_page, p.k_stride_token) * C::kKVBytes + c * 16;
+      cp_async_16(kdst + r * C::kRawPitchK + c * 16, src, valid);
+    }
+    for (int id = threadIdx.x; id < C::KV_TILE * C::kRawChunksV; id += C::kThreads) {
+      const int r = id / C::kRawChunksV, c = id % C::kRawChunksV;
+      const bool valid = tile0 + r < it.kv_end;
+      const char* src = vbase;
+      if (valid) src += row_offset(r, p.v_stride_page, p.v_stride_token) * C::kKVBytes + c * 16;
+      cp_async_16(vdst + r * C::kRawPitchV + c * 16, src, valid);
+    }
+  }
+
+  // Reads element e of a raw row as f32.
+  static __device__ __forceinline__ float raw_at(const char* row, int e) {
+    if constexpr (C::kKVBytes == 1) {
+      const uint8_t x = reinterpret_cast<const uint8_t*>(row)[e];
+      return C::KVDT == kE4M3 ? e4m3_to_f32(x) : e5m2_to_f32(x);
+    } else {
+      const uint16_t x = reinterpret_cast<const uint16_t*>(row)[e];
+      return C::KVDT == kBF16 ? bf16_bits_to_f32(x) : f16_bits_to_f32(x);
+    }
+  }
+
+  // Makes a landed stage MMA-ready: fp8 rows converted into the conversion buffer (K and V), K
+  // rotated by RoPE (key j at position j; in place when no conversion). Returns the K | V tile the
+  // MMAs read. The caller synchronises before and after.
+  static __device__ char* transform(char* stage, char* convert, int32_t tile0, const float* freq) {
+    const char* kraw = stage;
+    const char* vraw = stage + C::KV_TILE * C::kRawPitchK;
+    char* kout = C::kConvert ? convert : stage;
+    char* vout = C::kConvert ? convert + C::KV_TILE * C::kPitchK : stage + C::KV_TILE * C::kRawPitchK;
+    constexpr int kHalf = C::DQK / 2;
+    if constexpr (C::kTransform) {
+      for (int i = threadIdx.x; i < C::KV_TILE * kHalf; i += C::kThreads) {
+        const int r = i / kHalf, t = i % kHalf;
+        const bool interleave = (C::FEATURES & kRopeInterleave) != 0;
+        const int i0 = (!C::kHasRope || interleave) ? 2 * t : t;
+        const int i1 = (!C::kHasRope || interleave) ? 2 * t + 1 : t + kHalf;
+        float x0 = raw_at(kraw + r * C::kRawPitchK, i0), x1 = raw_at(kraw + r * C::kRawPitchK, i1);
+        if constexpr (C::kHasRope) {
+          const float a = float(int64_t(tile0) + r) * freq[t];
+          const float c = cosf(a), s = sinf(a);
+          const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+          x0 = y0;
+          x1 = y1;
+        }
+        const uint32_t both = pack2<C::DT>(x0, x1);
+        *reinterpret_cast<uint16_t*>(kout + r * C::kPitchK + i0 * 2) = uint16_t(both & 0xffffu);
+        *reinterpret_cast<uint16_t*>(kout + r * C::kPitchK + i1 * 2) = uint16_t(both >> 16);
+      }
+    }
+    if constexpr (C::kConvert) {
+      for (int i = threadIdx.x; i < C::KV_TILE * (C::DVO / 2); i += C::kThreads) {
+        const int r = i / (C::DVO / 2), e = 2 * (i % (C::DVO / 2));
+        const char* row = vraw + r * C::kRawPitchV;
+        *reinterpret_cast<uint32_t*>(vout + r * C::kPitchV + e * 2) =
+            pack2<C::DT>(raw_at(row, e), raw_at(row, e + 1));
+      }
+    }
+    return kout;
+  }
+};
+
+}  // namespace kvattn::kernels::prefill

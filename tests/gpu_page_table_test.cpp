@@ -1,0 +1,192 @@
+// Device-resident page tables for BatchDecode on the GPU: kv_indices given as a CUDA tensor is
+// read in place by the kernels (plan() reads only indptr and last_page_len). The ids are checked
+// on the device: an out-of-range id poisons only its request's rows with NaN, is never read
+// through, and check_errors() names it. The GPU cases skip where there is no CUDA device; the
+// plan-time errors run everywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "support/attention_case.h"
+#include "support/device_mirror.h"
+#include "support/expect_error.h"
+#include "support/paged_kv.h"
+
+#if KVATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvattn_test {
+namespace {
+
+using kvattn::DType;
+
+#if KVATTN_WITH_CUDA
+#define SKIP_WITHOUT_GPU()                                               \
+  do {                                                                   \
+    std::string why;                                                     \
+    if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
+  } while (0)
+#else
+#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "this build has no CUDA backend"
+#endif
+
+TEST(GpuPageTable, DeviceResidentIdsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  // Both kernel families (tensor cores for bf16 KV, CUDA cores for fp8 and f32), page sizes 1 and
+  // 16, split and unsplit rows.
+  for (DType kv : {DType::bf16, DType::e4m3, DType::f32})
+    for (int ps : {1, 16})
+      for (int split : {0, 128}) {
+        KVATTN_CASE_RNG(rng);
+        AttnCase c;
+        c.on_gpu = true;
+        c.device_page_table = true;
+        c.q_dtype = DType::bf16;
+        c.kv_dtype = kv;
+        if (kv == DType::bf16) c.tolerance.accumulation = 0x1p-8;  // P rounded to bf16 for the MMA
+        c.lens = {{1, 700}, {1, 0}, {1, 1}, {1, rng.integer(2, 900)}};
+        c.num_qo_heads = 8;
+        c.num_kv_heads = 2;
+        c.head_dim_qk = 64;
+        c.page_size = ps;
+        c.scheduler.fixed_split_size = split;
+        run_decode_case(c, rng);
+      }
+}
+
+#if KVATTN_WITH_CUDA
+// Runs a 3-request decode with request 1's page `bad_page` replaced by `bad_id` in the device
+// table and checks: the error names position and value, request 1's rows are NaN (LSE too),
+// requests 0 and 2 equal a run with the good table bit for bit, and the record clears.
+void check_bad_id(DType kv, int32_t bad_id, int split, Rng& rng) {
+  const int hq = 8, hkv = 2, D = 64, P = 16;
+  PagedKVSpec spec{{300, 1000, 77}, P, hkv, D, D, kv, kvattn::KVLayout::NHD, false, false, false, 2};
+  PagedKV pool(spec, rng);
+  for (size_t b = 0; b < 3; ++b)
+    for (int64_t t = 0; t < spec.kv_lens[b]; ++t)
+      for (int h = 0; h < hkv; ++h)
+        for (int e = 0; e < D; ++e) {
+          pool.set_k(b, t, h, e, rng.normal());
+          pool.set_v(b, t, h, e, rng.uniform(-1, 1));
+        }
+  HostTensor q(DType::bf16, {3, hq, D}), out(DType::bf16, {3, hq, D}), lse(DType::f32, {3, hq});
+  for (int64_t i = 0; i < q.numel(); ++i) q.set_at(i, rng.normal());
+  HostTensor good_out = out, good_lse = lse;
+  DeviceMirror dk(pool.k), dv(pool.v), dq(q), dindices(pool.indices);
+  const auto cache = kvattn::PagedKVCache::split(dk.view(), dv.view(), kvattn::KVLayout::NHD);
+  DeviceBytes ws(int64_t(16) << 20);
+  kvattn::BatchDecode op(ws.view());
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = hq;
+  p.num_kv_heads = hkv;
+  p.head_dim_qk = D;
+  p.kv_dtype = kv;
+  p.page_size = P;
+  p.scheduler.fixed_split_size = split;
+  p.page_table = pool.table();
+  p.page_table.indices = dindices.view();
+  op.plan(p);
+
+  auto run = [&](HostTensor& o, HostTensor& l) {
+    o.poison();
+    l.poison();
+    DeviceMirror d_o(o), d_l(l);
+    op.run(dq.view(), cache, d_o.view(), d_l.view());
+    device_synchronize();
+    d_o.copy_back(o);
+    d_l.copy_back(l);
+  };
+  run(good_out, good_lse);
+  op.check_errors();  // clean
+
+  const int64_t pos = as_int32(pool.indptr)[1] + 40;  // request 1, page 40 of 63
+  auto* slot = static_cast<int32_t*>(const_cast<void*>(dindices.view().data())) + pos;
+  int32_t good_id = 0;
+  ASSERT_EQ(cudaMemcpy(&good_id, slot, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(slot, &bad_id, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  run(out, lse);  // no re-plan: the kernels read the table in place
+  EXPECT_KVATTN_ERROR(op.check_errors(), "kv_indices[" + std::to_string(pos) + "] = " + std::to_string(bad_id) +
+                                             " is out of range [0, " + std::to_string(pool.num_pages()) + ")");
+  op.check_errors();  // the record was cleared
+  for (int h = 0; h < hq; ++h) {
+    EXPECT_TRUE(std::isnan(lse.get({1, h}))) << "head " << h;
+    for (int e = 0; e < D; ++e) ASSERT_TRUE(std::isnan(out.get({1, h, e}))) << "head " << h << " dim " << e;
+    for (int b : {0, 2}) {
+      EXPECT_EQ(lse.get({b, h}), good_lse.get({b, h})) << "request " << b << " head " << h;
+      for (int e = 0; e < D; ++e)
+        ASSERT_EQ(out.get({b, h, e}), good_out.get({b, h, e})) << "request " << b << " head " << h;
+    }
+  }
+  // Restored, the same plan runs clean again.
+  ASSERT_EQ(cudaMemcpy(slot, &good_id, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  run(out, lse);
+  op.check_errors();
+  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.get_at(i), good_out.get_at(i)) << "element " << i;
+}
+#endif
+
+TEST(GpuPageTable, OutOfRangeIdIsReportedAndPoisonsOnlyItsRequest) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  for (DType kv : {DType::bf16, DType::e5m2})  // tensor-core and CUDA-core kernels
+    for (int32_t bad : {-3, 1 << 20})
+      for (int split : {0, 256}) {  // split: the poison must survive the merge kernel
+        KVATTN_CASE_RNG(rng);
+        SCOPED_TRACE(std::string(kvattn::dtype_name(kv)) + " id " + std::to_string(bad) + " split " +
+                     std::to_string(split));
+        check_bad_id(kv, bad, split, rng);
+      }
+#endif
+}
+
+// Plan-time errors need no GPU: the views are only inspected.
+TEST(GpuPageTable, DeviceIdsNeedAGpuWorkspace) {
+  std::vector<int32_t> indptr{0, 1}, last{1};
+  HostTensor ti = int32_tensor(indptr), tl = int32_tensor(last);
+  int32_t fake = 0;
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 4;
+  p.num_kv_heads = 1;
+  p.head_dim_qk = 64;
+  p.page_size = 16;
+  p.page_table = {ti.view(), kvattn::TensorView(&fake, DType::i32, {1}, kvattn::Device::cuda(0)), tl.view()};
+  kvattn::BatchDecode cpu_op;
+  EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0; only BatchDecode with a CUDA workspace");
+  kvattn::BatchPrefillPlan pp;
+  static_cast<kvattn::AttentionShape&>(pp) = p;
+  HostTensor qo = int32_tensor({0, 1});
+  pp.qo_indptr = qo.view();
+  pp.page_table = p.page_table;
+  pp.page_size = 16;
+  kvattn::BatchPrefill prefill;
+  EXPECT_KVATTN_ERROR(prefill.plan(pp), "kv_indices is on cuda:0");
+  // Shape errors of a device table are still caught on the host.
+  p.page_table.indices = kvattn::TensorView(&fake, DType::u8, {1}, kvattn::Device::cuda(0));
+  EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0");
+}
+
+TEST(GpuPageTable, DeviceTableShapeIsCheckedOnTheHost) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  std::vector<int32_t> indptr{0, 3}, last{1}, ids{0, 1, 2};
+  HostTensor ti = int32_tensor(indptr), tl = int32_tensor(last), tx = int32_tensor(ids);
+  DeviceMirror dx(tx);
+  DeviceBytes ws(int64_t(1) << 20);
+  kvattn::BatchDecode op(ws.view());
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 4;
+  p.num_kv_heads = 1;
+  p.head_dim_qk = 64;
+  p.page_size = 16;
+  const kvattn::TensorView full = dx.view();
+  p.page_table = {ti.view(), kvattn::TensorView(full.data(), DType::i32, {2}, full.device()), tl.view()};
+  EXPECT_KVATTN_ERROR(op.plan(p), "kv_indptr[1] = 3 exceeds the length of kv_indices (2)");
+  p.page_table.indices = kvattn::TensorView(full.data(), DType::u8, {1}, full.device());
+  EXPECT_KVATTN_ERROR(op.plan(p), "kv_indices has dtype u8 but i32 is expected");
+  EXPECT_KVATTN_ERROR(op.check_errors(), "BatchDecode.run() was called before plan()");
+#endif
+}
+
+}  // namespace
+}  // namespace kvattn_test

@@ -1,0 +1,81 @@
+// The GPU prefill kernel choice (src/cuda/prefill_kernels.cpp) is a plain host function: checked
+// here on every machine, GPU or not.
+#include <gtest/gtest.h>
+
+#if KVATTN_WITH_CUDA
+#include "cuda/prefill_kernels.h"
+#include "kernels/variants/params.cuh"
+#include "support/expect_error.h"
+
+namespace {
+
+using kvattn::DType;
+using kvattn::cuda::choose_prefill_config;
+using kvattn::cuda::prefill_smem_bytes;
+
+TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
+  auto c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096);
+  EXPECT_EQ(c.heads_per_cta, 4);
+  EXPECT_EQ(c.warps, 8);
+  EXPECT_EQ(c.query_tokens(), 32);
+  EXPECT_EQ(c.kv_tile, 64);
+  EXPECT_EQ(c.page_size, 16);
+  // One query token per request (decode-like appends): one warp holds the group's 8 rows.
+  auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 8, true, 16, 0, 1);
+  EXPECT_EQ(d.warps, 1);
+  EXPECT_EQ(d.kv_tile, 32);  // one warp fetches at most 32 page ids per tile
+  EXPECT_EQ(d.query_tokens(), 2);
+  EXPECT_EQ(choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 1, false, 0, 0, 20).warps, 2);
+  EXPECT_EQ(choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 7, false, 0, 0, 1000).query_tokens(), 18);
+}
+
+TEST(PrefillConfig, WideHeadsTakeFourWarpsAndShortTiles) {
+  auto c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, 0, 4096);
+  EXPECT_EQ(c.warps, 4);
+  EXPECT_EQ(c.kv_tile, 32);
+  auto m = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 192, 128, 1, false, 0, 0, 4096);
+  EXPECT_EQ(m.kv_tile, 32);
+  // A group wider than the usual M tile still gets one token per tile.
+  auto g = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 128, false, 0, 0, 10);
+  EXPECT_EQ(g.heads_per_cta, 128);
+  EXPECT_EQ(g.warps, 8);
+  EXPECT_EQ(g.query_tokens(), 1);
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 64, 192, false, 0, 0, 10).heads_per_cta, 96);
+}
+
+TEST(PrefillConfig, PageSizeBakedOnlyForPowersOfTwo) {
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 64, 1, true, 5, 0, 9).page_size, 0);
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 64, 1, true, 1, 0, 9).page_size, 1);
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 64, 1, false, 16, 0, 9).page_size, 0);
+}
+
+TEST(PrefillConfig, SharedMemoryFitsCommonShapes) {
+  for (int hd : {64, 128, 256})
+    for (DType kv : {DType::bf16, DType::e4m3}) {
+      auto c = choose_prefill_config(DType::bf16, kv, DType::bf16, hd, hd, 4, true, 16,
+                                     kvattn::kernels::kCausal | kvattn::kernels::kRope, 4096);
+      EXPECT_LE(prefill_smem_bytes(c), 114 * 1024) << c.name();
+    }
+}
+
+TEST(PrefillConfig, UnsupportedDtypesAndDimsAreErrors) {
+  EXPECT_KVATTN_ERROR(choose_prefill_config(DType::f32, DType::f32, DType::f32, 64, 64, 1, false, 0, 0, 1),
+                      "q_dtype f32 is not supported by the GPU prefill kernels");
+  EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::f16, DType::bf16, 64, 64, 1, false, 0, 0, 1),
+                      "kv_dtype f16 is not supported by the GPU prefill kernels with q_dtype bf16");
+  EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 72, 64, 1, false, 0, 0, 1),
+                      "head dim 72 is not supported by the GPU prefill kernels");
+  EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 512, 1, false, 0, 0, 1),
+                      "head dim 512 is not supported by the GPU prefill kernels");
+}
+
+TEST(PrefillConfig, NamesAreDistinct) {
+  auto a = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 1, 4096);
+  auto b = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, 1, 4096);
+  auto c = choose_prefill_config(DType::bf16, DType::e4m3, DType::f32, 192, 128, 4, true, 16, 1, 4096);
+  EXPECT_NE(a.name(), b.name());
+  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w4_k32_s2_paged16_f1");
+}
+
+}  // namespace
+#endif
