@@ -75,6 +75,7 @@ struct DecodeBenchOptions {
   std::vector<std::string> cases;  // case ids to run; empty: every case
   std::string save_io;  // export directory; empty: none
   int64_t save_io_kv_mb = 256;
+  int workers = 0;  // SchedulerOptions::num_workers; 0: the library's default
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
@@ -117,7 +118,8 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
 };
 
-nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io) {
+nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io,
+                               int workers) {
   using kvattn::DType;
   using kvattn::TensorView;
   const int D = 128, P = c.page_size, B = int(c.lens.size());
@@ -159,6 +161,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   plan.head_dim_qk = D;
   plan.q_dtype = DType::bf16;
   plan.page_size = P;
+  plan.scheduler.num_workers = workers;
   plan.page_table = {TensorView(indptr.data(), DType::i32, {int64_t(indptr.size())}),
                      TensorView(indices.data(), DType::i32, {pages}),
                      TensorView(last.data(), DType::i32, {int64_t(B)})};
@@ -215,7 +218,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
           {"plan_host_table_us", plan_host_table_us},
-          {"l2_copies", copies}};
+          {"l2_copies", copies}, {"workers", decode.schedule() ? decode.schedule()->num_workers() : 0}};
   if (io) {  // one more run on copy 0, with lse, into a poisoned out; then export everything
     DeviceBuffer<float> lse(size_t(B) * c.num_qo_heads);
     cuda_ok(cudaMemset(out.ptr, 0xff, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");
@@ -257,7 +260,7 @@ void bench_decode(const DecodeBenchOptions& o) {
       if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(), c.heads().c_str(), c.kv_gb());
       continue;
     }
-    auto row = run_decode_case(c, o.iters, 4800.0, io.get());
+    auto row = run_decode_case(c, o.iters, 4800.0, io.get(), o.workers);
     if (!json)
       std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us %7.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), row["ms"].get<double>() * 1e3,
@@ -285,6 +288,8 @@ void register_bench_command(CLI::App& app) {
   decode->add_flag("--quick", o.quick, "a few shapes only");
   decode->add_flag("--json", o.json, "print the rows as JSON");
   decode->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
+  decode->add_option("--workers", o.workers, "planner workers (default: SMs x resident CTAs of the kernel)")
+      ->check(CLI::Range(0, 1 << 20));
   decode->add_flag("--list", o.list, "list the cases (id, shape, KV size) and run nothing; no GPU needed");
   decode->add_option("--cases", o.cases, "run only these case ids, comma-separated (see --list)")
       ->delimiter(',');

@@ -1,6 +1,7 @@
 """Prefill/append side by side: FlashInfer's BatchPrefillWithRaggedKVCacheWrapper and
 BatchPrefillWithPagedKVCacheWrapper (backends fa2 and fa3), PyTorch SDPA (FlashAttention-2,
-cuDNN) and FlexAttention on kvattn's prefill shapes. Where the cases come from (run.py decides):
+cuDNN) and FlexAttention (causal shapes, as ../shared/bench/peers.py) on kvattn's prefill shapes.
+Where the cases come from (run.py decides):
 
 1. an export of `kvattn bench prefill --save-io DIR` (not written yet): the same page tables and
    values, and kvattn's own output checked against the float64 reference like the peers';
@@ -255,11 +256,11 @@ def run_case(case, args, fi, flex, log, exp=None):
                 r["error"] = f"{type(e).__name__}: {e}"[:500]
             rows.append(r)
             log(r)
-        if flex is not None:
+        if flex is not None and causal:  # as ../shared/bench/peers.py: Flex on causal shapes only
             r = base_row(case, "flex", "dense")
             try:
                 from torch.nn.attention.flex_attention import create_block_mask
-                bm = create_block_mask(lambda b, h, i, j: i >= j, B, None, S, S, device=dev) if causal else None
+                bm = create_block_mask(lambda b, h, i, j: i >= j, B, None, S, S, device=dev)
 
                 def call(i):
                     return flex(q4, dense[i][0], dense[i][1], block_mask=bm, scale=sm_scale, enable_gqa=gqa)

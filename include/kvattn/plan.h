@@ -17,7 +17,7 @@
 //      ~sqrt(2)) is chosen by search. A tile's range of L tokens is cut into n = ceil(L / S)
 //      chunks of equal size rounded up to tile.kv_tokens. The first candidate is the largest S
 //      whose largest item is at most half the mean load (binary search on the estimates: total
-//      cost T(S), largest item C(S)); if its schedule is more than 1/32 above its own mean, the
+//      cost T(S), largest item C(S)); if its schedule is more than 1/24 above its own mean, the
 //      other candidates are tried in order of their lower bound max(C, T / workers) (branch and
 //      bound, within a budget). The objective is the most loaded worker's cost (makespan); a
 //      candidate must be 1/256 better to replace the best;

@@ -296,11 +296,14 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
   s.total *= pb.slice_heads;
   KVATTN_CHECK(s.total <= kMaxLoad, "the batch's total cost (", s.total,
                " under the cost model) exceeds the planner's limit of ", kMaxLoad);
-  std::sort(s.classes.begin(), s.classes.end(), [](const Class& a, const Class& b) {
+  auto longer = [](const Class& a, const Class& b) {
     if (a.cost != b.cost) return a.cost > b.cost;
     if (a.group != b.group) return a.group < b.group;
     return a.chunk_begin < b.chunk_begin;
-  });
+  };
+  // Built in group order, so batches of equal lengths arrive sorted: check before sorting.
+  if (!std::is_sorted(s.classes.begin(), s.classes.end(), longer))
+    std::sort(s.classes.begin(), s.classes.end(), longer);
 
   const size_t n = size_t(pb.slice_workers);
   tree.reset(n);
@@ -363,15 +366,25 @@ Estimate estimate(const Problem& pb, int32_t split) {
   const std::vector<Group>& groups = *pb.groups;
   const std::vector<int32_t>& by_len = *pb.by_len;
   size_t i = 0;
+  // Runs of equal (length, rows) cut alike: the divisions of cut_range once per run (a uniform
+  // batch is one run).
+  int64_t run_len = -1, run_rows = -1, run_total = 0, run_largest = 0, run_items = 0;
   for (; i < by_len.size(); ++i) {
     const Group& g = groups[size_t(by_len[i])];
     const int64_t L = int64_t(g.v1) - g.v0;
     if (L <= split) break;
-    Cut c = cut_range(L, split, pb.align, true);
-    int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
-    e.total += sbase * c.n + cm.per_kv_token * L;
-    e.largest = std::max(e.largest, sbase + cm.per_kv_token * c.piece);
-    e.items += c.n;
+    if (L != run_len || g.rows != run_rows) {
+      run_len = L;
+      run_rows = g.rows;
+      const Cut c = cut_range(L, split, pb.align, true);
+      const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
+      run_total = sbase * c.n + cm.per_kv_token * L;
+      run_largest = sbase + cm.per_kv_token * c.piece;
+      run_items = c.n;
+    }
+    e.total += run_total;
+    e.largest = std::max(e.largest, run_largest);
+    e.items += run_items;
   }
   e.total += (*pb.suffix_cost)[i];
   e.largest = std::max(e.largest, (*pb.suffix_max)[i]);
@@ -556,13 +569,13 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     // Graph mode: the first candidate that fits the split budget (no split always fits).
     while (k0 < K - 1 && !fits(est(sc.candidates[size_t(k0)]).items)) ++k0;
     schedule(sc.best, sc.tree, pb, sc.candidates[size_t(k0)], true);
-    // Branch and bound over the other candidates, only when the first schedule is more than 1/32
+    // Branch and bound over the other candidates, only when the first schedule is more than 1/24
     // above its own mean: each candidate's lower bound is max(largest item, mean load); they are
     // scheduled in order of that bound (ties: larger S first) until the next bound cannot beat
-    // the best makespan by 1/256, or a budget of placements (2 x the first schedule's, at least
-    // 2048) is spent. A candidate replaces the best only if it is 1/256 better.
+    // the best makespan by 1/256, or a budget of placements (the first schedule's, at least 512:
+    // plan() runs on the serving loop's critical path) is spent. A candidate replaces the best only if it is 1/256 better.
     const int64_t first_mean = (sc.best.total + slice_workers - 1) / slice_workers;
-    if (sc.best.makespan * 32 > first_mean * 33) {
+    if (sc.best.makespan * 24 > first_mean * 25) {
       sc.bounds.clear();
       for (int k = 0; k < K; ++k) {
         if (k == k0) continue;
@@ -574,7 +587,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
       std::sort(sc.bounds.begin(), sc.bounds.end(), [](const Bound& x, const Bound& y) {
         return x.bound < y.bound || (x.bound == y.bound && x.k > y.k);
       });
-      const int64_t budget = std::max<int64_t>(2048, 2 * int64_t(sc.best.assigns.size()));
+      const int64_t budget = std::max<int64_t>(512, int64_t(sc.best.assigns.size()));
       int64_t spent = 0;
       for (const Bound& c : sc.bounds) {
         if (c.bound * 256 >= sc.best.makespan * 255 || spent >= budget) break;

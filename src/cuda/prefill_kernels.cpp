@@ -1,6 +1,7 @@
 #include "cuda/prefill_kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/prefill/smem_layout.cuh"
 #include "kernels/variants/params.cuh"
@@ -14,11 +15,37 @@ std::string PrefillKernelConfig::name() const {
   if (o_dtype != q_dtype) n += "_o" + std::string(dtype_name(o_dtype));
   n += "_hd" + std::to_string(head_dim_qk);
   if (head_dim_vo != head_dim_qk) n += "x" + std::to_string(head_dim_vo);
-  n += "_g" + std::to_string(heads_per_cta) + "_w" + std::to_string(warps) + "_k" +
-       std::to_string(kv_tile) + "_s" + std::to_string(stages);
+  n += "_g" + std::to_string(heads_per_cta) + "_w" + std::to_string(warps);
+  if (m_tiles > 1) n += "x" + std::to_string(m_tiles);
+  n += "_k" + std::to_string(kv_tile) + "_s" + std::to_string(stages);
+  if (min_blocks > 1) n += "_b" + std::to_string(min_blocks);
   n += paged ? "_paged" + std::to_string(page_size) : "_ragged";
   n += "_f" + std::to_string(features);
+  if (fast_tanh && (features & kernels::kSoftCap)) n += "_tanhx";
   return n;
+}
+
+std::string prefill_variant_from_env() {
+  const char* v = std::getenv("KVATTN_PREFILL_VARIANT");
+  return v && *v ? std::string(v) : std::string("m2k64");
+}
+
+PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
+  const int d = std::max(dqk, dvo);
+  const int cls = d <= 64 ? 0 : d <= 128 ? 1 : 2;
+  struct Row {
+    const char* name;
+    PrefillTileShape shape[3];
+  };
+  static const Row kRows[] = {
+      {"m2k64", {{4, 2, 64, 2, 3}, {4, 2, 64, 2, 2}, {4, 1, 32, 2, 2}}},
+      {"m2k32", {{4, 2, 64, 3, 3}, {4, 2, 32, 3, 2}, {8, 1, 64, 2, 1}}},
+      {"m1k64", {{8, 1, 64, 2, 2}, {8, 1, 64, 2, 1}, {8, 1, 32, 2, 1}}},
+      {"m2w8", {{8, 2, 64, 2, 1}, {8, 2, 32, 2, 1}, {8, 1, 64, 2, 1}}},
+  };
+  for (const Row& r : kRows)
+    if (variant == r.name) return r.shape[cls];
+  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k64, m2k32, m1k64, m2w8)");
 }
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
@@ -44,12 +71,28 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   c.features = features;
   c.paged = paged;
   c.page_size = paged && page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0 ? page_size : 0;
+  const char* tanh_mode = std::getenv("KVATTN_PREFILL_TANH");
+  c.fast_tanh = (features & kernels::kSoftCap) && tanh_mode && std::string(tanh_mode) == "approx";
   const bool wide = std::max(dqk, dvo) > 128;
   const int max_warps = wide ? 4 : 8;
   c.heads_per_cta = 1;
   for (int g = 1; g <= group && g <= 128; ++g)
     if (group % g == 0) c.heads_per_cta = g;
   const int64_t rows = std::max<int64_t>(1, max_qo_len) * c.heads_per_cta;
+  const PrefillTileShape s = prefill_long_shape(prefill_variant_from_env(), dqk, dvo);
+  const int long_rows = s.warps * 16 * s.m_tiles;
+  if (2 * rows >= long_rows && c.heads_per_cta <= long_rows) {
+    c.warps = s.warps;
+    c.m_tiles = s.m_tiles;
+    c.kv_tile = s.kv_tile;
+    c.stages = s.stages;
+    c.min_blocks = s.min_blocks;
+    // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA.
+    const int budget = std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024);
+    while (prefill_smem_bytes(c) > budget && c.kv_tile > 32) c.kv_tile /= 2;
+    while (prefill_smem_bytes(c) > budget && c.stages > 2) --c.stages;
+    return c;
+  }
   c.warps = 1;
   while (c.warps < max_warps && int64_t(c.warps) * 16 < rows) c.warps *= 2;
   while (c.warps * 16 < c.heads_per_cta) c.warps *= 2;  // the M tile holds at least one token
@@ -59,7 +102,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
 }
 
 int prefill_smem_bytes(const PrefillKernelConfig& c) {
-  return kernels::prefill::smem_layout(c.head_dim_qk, c.head_dim_vo, int(dtype_size(c.kv_dtype)), c.warps,
+  return kernels::prefill::smem_layout(c.head_dim_qk, c.head_dim_vo, int(dtype_size(c.kv_dtype)), c.rows(),
                                        c.kv_tile, c.stages, c.paged, (c.features & kernels::kRope) != 0)
       .total;
 }
@@ -77,12 +120,14 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
                              code(c.kv_dtype) + ", " + code(c.o_dtype) + ", " +
                              std::to_string(c.head_dim_qk) + ", " + std::to_string(c.head_dim_vo) +
                              ", " + std::to_string(c.heads_per_cta) + ", " + std::to_string(c.warps) +
-                             ", " + std::to_string(c.kv_tile) + ", " + std::to_string(c.stages) + ", " +
-                             (c.paged ? "true" : "false") + ", " + std::to_string(c.page_size) + ", " +
-                             std::to_string(c.features) + "u>";
+                             ", " + std::to_string(c.m_tiles) + ", " + std::to_string(c.kv_tile) + ", " +
+                             std::to_string(c.stages) + ", " + (c.paged ? "true" : "false") + ", " +
+                             std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
+                             (c.fast_tanh ? "true" : "false") + ">";
   spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
-                "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ") " +
-                spec.entry + "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
+                "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
+                std::to_string(c.min_blocks) + ") " + spec.entry +
+                "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
                 "  extern __shared__ __align__(16) char smem[];\n"
                 "  kvattn::kernels::prefill::run_one_item<kvattn::kernels::prefill::PrefillMmaKernel<" +
                 config + ">>(p, smem);\n}\n";

@@ -16,27 +16,49 @@ struct PrefillKernelConfig {
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   int head_dim_qk = 128, head_dim_vo = 128;
   int heads_per_cta = 1;  // query heads of one KV head's group packed into the M tile (blockIdx.y: the rest)
-  int warps = 4;          // each owns 16 rows of the M tile: M = 16 x warps
+  int warps = 4;
+  int m_tiles = 1;        // 16-row MMA tiles per warp: M = 16 x m_tiles x warps
   int kv_tile = 64;       // KV tokens per pipeline stage
   int stages = 2;
+  int min_blocks = 1;     // __launch_bounds__ minimum CTAs per SM (caps registers per thread)
   bool paged = false;
   int page_size = 0;      // paged: baked in when a power of two <= 128, else 0 (read at run time)
   uint32_t features = 0;  // kernels::VariantFeature bits
+  bool fast_tanh = false; // soft-cap through tanh.approx.f32 (only with the soft-cap feature)
 
   int threads() const { return warps * 32; }
-  int rows() const { return warps * 16; }
+  int rows() const { return warps * 16 * m_tiles; }
   // Query tokens per work item (the planner's TileShape::query_tokens).
   int query_tokens() const { return rows() / heads_per_cta; }
-  std::string name() const;  // "prefill_bf16_hd128_g4_w4_k64_s2_paged16_f1"
+  std::string name() const;  // "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1"
 };
+
+// The tile shape of long query runs (M rows >= 64): "warps x m_tiles, KV tile, stages, CTAs per
+// SM", one set per head-dim class. Selected by the environment variable KVATTN_PREFILL_VARIANT
+// (read at every plan; unknown names are errors):
+//   name      head dims <= 64     <= 128             > 128
+//   m2k64     4x2 k64 s2 b3       4x2 k64 s2 b2      4x1 k32 s2 b2   (default)
+//   m2k32     4x2 k64 s3 b3       4x2 k32 s3 b2      8x1 k64 s2 b1
+//   m1k64     8x1 k64 s2 b2       8x1 k64 s2 b1      8x1 k32 s2 b1
+//   m2w8      8x2 k64 s2 b1       8x2 k32 s2 b1      8x1 k64 s2 b1
+// KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
+struct PrefillTileShape {
+  int warps, m_tiles, kv_tile, stages, min_blocks;
+};
+PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk, int head_dim_vo);
+std::string prefill_variant_from_env();  // "m2k64" when unset
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,
 //    e5m2: converted in shared memory, scales folded into sm_scale and the output);
 //  - heads per CTA: the largest divisor of the GQA group up to 128 (the whole group, in practice);
-//  - warps (M = 16 x warps rows): the fewest that hold the longest request's packed rows
-//    (max_qo_len x heads), at most 8 (4 for head dims above 128: registers and shared memory);
-//  - KV tiles of 64 tokens (32 for head dims above 128 or a single warp), 2 stages.
+//  - when the longest request's packed rows (max_qo_len x heads) fill at least half of the long
+//    shape's M tile (and the group fits in it): the long shape above, its KV tile halved (to 32)
+//    and then its stages cut (to 2) while its shared memory exceeds the per-CTA share of
+//    min_blocks CTAs per SM (fp8 KV and RoPE add buffers);
+//  - otherwise one 16-row tile per warp, the fewest warps that hold the rows, at most 8 (4 for
+//    head dims above 128), KV tiles of 64 tokens (32 for head dims above 128 or a single warp),
+//    2 stages.
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,
                                           int group_size, bool paged, int page_size, uint32_t features,

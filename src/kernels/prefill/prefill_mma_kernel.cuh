@@ -3,26 +3,30 @@
 // heads of a KV head (GQA packs them into the M tile: row r is token q_begin + r / GH, head
 // r % GH), against the item's KV tokens [kv_begin, kv_end), ragged or paged.
 //
-// Each of the WARPS warps owns 16 rows of the M tile and keeps their online softmax in registers:
-//   S = Q K^T   A = Q (registers for DQK <= 128, else ldmatrix from shared), B = K rows (ldmatrix)
-//   mask + logit transform of the variant (only on tiles a mask can cut), m/d update in log2 units
+// Each of the WARPS warps owns MT x 16 rows of the M tile and keeps their online softmax in
+// registers; every K/V fragment it reads from shared memory feeds MT MMAs:
+//   S = Q K^T   A = Q (registers when MT = 1 and DQK <= 128, else ldmatrix), B = K rows (ldmatrix)
+//   mask + logit transform of the variant (score_math.cuh), m/d update in log2 units
 //   O += P V    P re-packed as the A fragment in registers, B = V rows via ldmatrix.trans
-// K/V tiles stream through a STAGES-deep cp.async pipeline; page ids are fetched a tile ahead of
-// the data. The item writes o (and lse, base 2) or, for a split row, its partial state.
+// K/V tiles stream through a STAGES-deep cp.async pipeline with K and V in separate commit
+// groups (Q K^T of a tile waits for its K only); page ids are fetched a tile ahead of the data.
+// A warp skips tiles its causal / window mask hides entirely. The item writes o (and lse, base 2)
+// or, for a split row, its partial state.
 #pragma once
 
-#include "kernels/prefill/tile_io.cuh"
+#include "kernels/prefill/score_math.cuh"
 
 namespace kvattn::kernels::prefill {
 
 template <class C>
 struct PrefillMmaKernel {
-  using Variant = BuiltinVariant<C::FEATURES>;
   using IO = TileIO<C>;
-  static constexpr float kLog2e = 1.4426950408889634f;
-  static constexpr bool kQInRegisters = C::DQK <= 128;
-  static constexpr int kNT = C::KV_TILE / 8;  // 8-token n-tiles of S per tile
+  using SM = ScoreMath<C>;
+  static constexpr int MT = C::MT, kNT = C::KV_TILE / 8, kND = C::DVO / 8;
+  static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
+  static constexpr bool kSplitKV = !C::kTransform;  // a transform needs K and V of a tile at once
   static constexpr int kSmemBytes = C::kSmemBytes;
+  using QFrag = uint32_t[kQInRegisters ? C::DQK / 16 : 1][4];
 
   static __device__ ItemInfo item_info(const PrefillParams& p, const DeviceWorkItem& item) {
     ItemInfo it;
@@ -58,6 +62,12 @@ struct PrefillMmaKernel {
     auto tile_start = [&](int32_t tile) { return it.kv_begin + tile * C::KV_TILE; };
     auto stage_ptr = [&](int32_t tile) { return stages + (tile % C::STAGES) * C::kLayout.stage_bytes; };
     auto ring_ptr = [&](int32_t tile) { return ring + (tile % (C::STAGES + 1)) * C::KV_TILE; };
+    auto issue = [&](int32_t tile) {  // two commit groups: K, then V
+      if (tile < n_tiles) IO::template load_kv<false>(p, it, stage_ptr(tile), tile_start(tile), ring_ptr(tile));
+      cp_async_commit();
+      if (tile < n_tiles) IO::template load_kv<true>(p, it, stage_ptr(tile), tile_start(tile), ring_ptr(tile));
+      cp_async_commit();
+    };
 
     if constexpr (C::kHasRope)
       for (int t = threadIdx.x; t < C::DQK / 2; t += C::kThreads)
@@ -67,51 +77,47 @@ struct PrefillMmaKernel {
         const int32_t id = IO::fetch_page_id(p, it, tile_start(st));
         if (threadIdx.x < C::KV_TILE) ring_ptr(st)[threadIdx.x] = id;
       }
-    __syncthreads();
-#pragma unroll
-    for (int st = 0; st < C::STAGES - 1; ++st) {
-      if (st < n_tiles) IO::load_kv(p, it, stage_ptr(st), tile_start(st), ring_ptr(st));
-      cp_async_commit();
-    }
+    __syncthreads();  // frequencies and page ids
     IO::load_q(p, it, qs, freq);
-    __syncthreads();
+    cp_async_commit();  // Q's own group (empty when it was stored directly)
+#pragma unroll
+    for (int st = 0; st < C::STAGES - 1; ++st) issue(st);
+    cp_async_wait<2 * (C::STAGES - 1)>();
+    __syncthreads();  // Q landed
+
+    // This warp's rows: first row, and the positions of its first and last real query.
+    const int row0 = warp * 16 * MT;
+    const int32_t pos0 = it.kv_len - it.qo_len + it.q_begin;
+    const bool warp_active = row0 < it.q_tokens * C::GH;
+    const int32_t pos_first = pos0 + row0 / C::GH;
+    const int32_t pos_last = pos0 + min((row0 + 16 * MT - 1) / C::GH, it.q_tokens - 1);
 
     const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;  // ldmatrix A
-    const char* q_warp = qs + (warp * 16 + q_row) * C::kPitchQ + q_col * 2;
-    uint32_t qfrag[kQInRegisters ? C::DQK / 16 : 1][4];
+    const char* q_warp = qs + (row0 + q_row) * C::kPitchQ + q_col * 2;
+    QFrag qfrag;
     if constexpr (kQInRegisters) {
 #pragma unroll
       for (int ks = 0; ks < C::DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], q_warp + ks * 32);
     }
 
-    // This thread's two rows (g and g + 8 of the warp's 16).
-    int32_t q_idx[2], q_pos[2], head[2];
-    bool row_ok[2];
+    float m[MT][2], d[MT][2], acc[MT][kND][4];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + 8 * r;
-      row_ok[r] = row / C::GH < it.q_tokens;
-      q_idx[r] = it.q_begin + row / C::GH;
-      q_pos[r] = it.kv_len - it.qo_len + q_idx[r];
-      head[r] = it.head0 + row % C::GH;
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) m[mt][r] = -INFINITY, d[mt][r] = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kND; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[mt][n][j] = 0.0f;
     }
-    const bool warp_active = warp * 16 < it.q_tokens * C::GH;  // some row of this warp is real
-    const int32_t pos_first = it.kv_len - it.qo_len + it.q_begin;
-    const int32_t pos_last = pos_first + it.q_tokens - 1;
-
-    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
-    float acc[C::DVO / 8][4];
-#pragma unroll
-    for (int n = 0; n < C::DVO / 8; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+    const float c_exp = SM::exp_scale(p);
 
     for (int32_t tile = 0; tile < n_tiles; ++tile) {
-      cp_async_wait<C::STAGES - 2>();
-      __syncthreads();  // tile `tile` landed; the stage loaded next was consumed last round
-      const int32_t ahead = tile + C::STAGES - 1;
-      if (ahead < n_tiles) IO::load_kv(p, it, stage_ptr(ahead), tile_start(ahead), ring_ptr(ahead));
-      cp_async_commit();
+      // K of `tile` landed (and its V when a transform needs both); the stage refilled next was
+      // consumed last round.
+      cp_async_wait<kSplitKV ? 2 * C::STAGES - 3 : 2 * C::STAGES - 4>();
+      __syncthreads();
+      issue(tile + C::STAGES - 1);
       int32_t next_id = 0;
       if constexpr (C::PAGED)
         if (tile + C::STAGES < n_tiles) next_id = IO::fetch_page_id(p, it, tile_start(tile + C::STAGES));
@@ -123,169 +129,152 @@ struct PrefillMmaKernel {
         __syncthreads();
       }
       const char* vs_base = ks_base + C::KV_TILE * C::kPitchK;
-      if (warp_active) {
-        float s[kNT][4];
+      const int32_t tile_last = tile0 + C::KV_TILE - 1;
+      bool skip = !warp_active;  // tiles this warp's mask hides entirely
+      if (C::FEATURES & kCausal) skip = skip || tile0 > pos_last;
+      if (C::FEATURES & kSlidingWindow) skip = skip || tile_last < pos_first - p.variant.window_left;
+      // Masks only where they can cut: the item's tail, the causal diagonal, the window's edge.
+      bool masked = tile_last >= it.kv_end || (C::FEATURES & kCustomMask);
+      if (C::FEATURES & kCausal) masked = masked || tile_last > pos_first;
+      if (C::FEATURES & kSlidingWindow) masked = masked || tile0 < pos_last - p.variant.window_left;
+      float s[MT][kNT][4];
+      if (!skip) {
         compute_scores(s, qfrag, q_warp, ks_base, lane);
-        // Masks only where they can cut: the tile's tail, the causal diagonal, the window's edge.
-        bool masked = tile0 + C::KV_TILE > it.kv_end || (C::FEATURES & kCustomMask);
-        if (C::FEATURES & kCausal) masked = masked || tile0 + C::KV_TILE - 1 > pos_first;
-        if (C::FEATURES & kSlidingWindow) masked = masked || tile0 < pos_last - p.variant.window_left;
-        apply_variant(p, it, s, tile0, t4, masked, row_ok, q_idx, q_pos, head);
-        if (Variant::use_softmax(p.variant)) online_softmax(s, m, d, acc);
-        accumulate_pv(s, acc, vs_base, lane);
+        SM::logits(p, it, s, tile0, row0, g, t4, masked);
+        if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp);
       }
+      if constexpr (kSplitKV) {
+        cp_async_wait<2 * C::STAGES - 2>();  // V of `tile`
+        __syncthreads();
+      }
+      if (!skip) accumulate_pv(s, acc, vs_base, lane);
       if constexpr (C::PAGED)
-        if (tile + C::STAGES < n_tiles && threadIdx.x < C::KV_TILE)
-          ring_ptr(tile + C::STAGES)[threadIdx.x] = next_id;
+        if (tile + C::STAGES < n_tiles && threadIdx.x < C::KV_TILE) ring_ptr(tile + C::STAGES)[threadIdx.x] = next_id;
     }
     cp_async_wait<0>();
-    store(p, it, item, m, d, acc, warp, g, t4);
+    store(p, it, item, m, d, acc, row0, g, t4, c_exp);
   }
 
-  // S = Q K^T for the warp's 16 rows and the tile's KV_TILE tokens.
-  static __device__ __forceinline__ void compute_scores(float (&s)[kNT][4], const uint32_t (&qfrag)[kQInRegisters ? C::DQK / 16 : 1][4],
-                                                        const char* q_warp, const char* ks_base, int lane) {
+  // S = Q K^T for the warp's MT x 16 rows and the tile's KV_TILE tokens.
+  static __device__ __forceinline__ void compute_scores(float (&s)[MT][kNT][4], const QFrag& qfrag, const char* q_warp,
+                                                        const char* ks_base, int lane) {
 #pragma unroll
-    for (int n = 0; n < kNT; ++n)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) s[n][j] = 0.0f;
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[mt][n][j] = 0.0f;
     // ldmatrix x4 over 16 tokens x 16 dims: matrices (tokens 0-7, dims 0-7), (0-7, 8-15),
     // (8-15, 0-7), (8-15, 8-15) = b0, b1 of n-tile 0 and b0, b1 of n-tile 1.
     const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
     const char* k_lane = ks_base + k_row * C::kPitchK + k_col * 2;
 #pragma unroll
     for (int ks = 0; ks < C::DQK / 16; ++ks) {
-      uint32_t a[4];
-      if constexpr (kQInRegisters) {
+      uint32_t a[MT][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) a[j] = qfrag[ks][j];
-      } else {
-        ldmatrix_x4(a, q_warp + ks * 32);
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kQInRegisters) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[mt][j] = qfrag[ks][j];
+        } else {
+          ldmatrix_x4(a[mt], q_warp + mt * 16 * C::kPitchQ + ks * 32);
+        }
       }
 #pragma unroll
       for (int j = 0; j < C::KV_TILE / 16; ++j) {
         uint32_t b[4];
         ldmatrix_x4(b, k_lane + j * 16 * C::kPitchK + ks * 32);
-        mma_16816<C::DT>(s[2 * j], a, b[0], b[1]);
-        mma_16816<C::DT>(s[2 * j + 1], a, b[2], b[3]);
-      }
-    }
-  }
-
-  // Scaled logits through the variant: softmax rows get log2-unit logits (-inf where masked),
-  // sigmoid rows get their weights (0 where masked).
-  static __device__ __forceinline__ void apply_variant(const PrefillParams& p, const ItemInfo& it, float (&s)[kNT][4],
-                                                       int32_t tile0, int t4, bool masked, const bool (&row_ok)[2],
-                                                       const int32_t (&q_idx)[2], const int32_t (&q_pos)[2],
-                                                       const int32_t (&head)[2]) {
-    const bool softmax_on = Variant::use_softmax(p.variant);
 #pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = j / 2;
-        const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
-        const LogitCoord c{it.request, head[r], q_idx[r], kv, q_pos[r], kv, it.kv_len};
-        bool visible = true;
-        if (masked) visible = row_ok[r] && kv < it.kv_end && Variant::logits_mask(p.variant, c);
-        const float x = Variant::logits_transform(p.variant, p.variant.sm_scale * s[n][j], c);
-        if (softmax_on)
-          s[n][j] = visible ? x * kLog2e : -INFINITY;
-        else
-          s[n][j] = visible ? Variant::sigmoid_weight(p.variant, x) : 0.0f;
-      }
-  }
-
-  // Online softmax over the tile: new row maxima (reduced over the quad that shares a row),
-  // rescale of d and O, and P = 2^(s - m) in place.
-  static __device__ __forceinline__ void online_softmax(float (&s)[kNT][4], float (&m)[2], float (&d)[2],
-                                                        float (&acc)[C::DVO / 8][4]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[r], mx);
-      const float scale = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
-      d[r] *= scale;
-#pragma unroll
-      for (int n = 0; n < C::DVO / 8; ++n) {
-        acc[n][2 * r] *= scale;
-        acc[n][2 * r + 1] *= scale;
-      }
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int j = 2 * r; j < 2 * r + 2; ++j) {
-          s[n][j] = m_new == -INFINITY ? 0.0f : exp2f(s[n][j] - m_new);
-          d[r] += s[n][j];
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<C::DT>(s[mt][2 * j], a[mt], b[0], b[1]);
+          mma_16816<C::DT>(s[mt][2 * j + 1], a[mt], b[2], b[3]);
         }
-      m[r] = m_new;
+      }
     }
   }
 
   // O += P V: P (16 rows x 16 tokens per k-step) as the A fragment, V rows by ldmatrix.trans:
   // matrices (tokens 0-7, dims 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = b0, b1 of the
   // n-tile of dims 0-7 and b0, b1 of dims 8-15.
-  static __device__ __forceinline__ void accumulate_pv(const float (&s)[kNT][4], float (&acc)[C::DVO / 8][4],
+  static __device__ __forceinline__ void accumulate_pv(const float (&s)[MT][kNT][4], float (&acc)[MT][kND][4],
                                                        const char* vs_base, int lane) {
     const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
     const char* v_lane = vs_base + v_row * C::kPitchV + v_col * 2;
 #pragma unroll
     for (int kk = 0; kk < C::KV_TILE / 16; ++kk) {
-      const uint32_t pa[4] = {pack2<C::DT>(s[2 * kk][0], s[2 * kk][1]), pack2<C::DT>(s[2 * kk][2], s[2 * kk][3]),
-                              pack2<C::DT>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack2<C::DT>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = pack2<C::DT>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2<C::DT>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2<C::DT>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<C::DT>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dn = 0; dn < C::DVO / 16; ++dn) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, v_lane + kk * 16 * C::kPitchV + dn * 32);
-        mma_16816<C::DT>(acc[2 * dn], pa, b[0], b[1]);
-        mma_16816<C::DT>(acc[2 * dn + 1], pa, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<C::DT>(acc[mt][2 * dn], pa[mt], b[0], b[1]);
+          mma_16816<C::DT>(acc[mt][2 * dn + 1], pa[mt], b[2], b[3]);
+        }
       }
     }
   }
 
-  // Normalises the thread's two rows and writes o and lse, or the partial state of a split row.
-  static __device__ __forceinline__ void store(const PrefillParams& p, const ItemInfo& it, const DeviceWorkItem& item,
-                                               const float (&m)[2], float (&d)[2], const float (&acc)[C::DVO / 8][4],
-                                               int warp, int g, int t4) {
-    const bool softmax_on = Variant::use_softmax(p.variant);
-    const int group = p.num_qo_heads / p.num_kv_heads;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
-      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
-      const int row = warp * 16 + g + 8 * r;
-      const int tq = row / C::GH;
-      if (tq >= it.q_tokens) continue;
-      float scale = p.variant.v_scale, lse = -INFINITY;
-      if (softmax_on) {
-        scale = d[r] > 0.0f ? p.variant.v_scale / d[r] : 0.0f;
-        lse = d[r] > 0.0f ? m[r] + log2f(d[r]) : -INFINITY;
-      }
-      const int qo_head = it.head0 + row % C::GH;
-      if (item.partial_slot < 0) {
-        const int64_t orow = int64_t(it.q_row0 + it.q_begin + tq);
-        const int64_t base = orow * p.o_stride_n + int64_t(qo_head) * p.o_stride_h + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < C::DVO / 8; ++n) {
-          store_from_f32<C::ODT>(p.o, base + n * 8, acc[n][2 * r] * scale);
-          store_from_f32<C::ODT>(p.o, base + n * 8 + 1, acc[n][2 * r + 1] * scale);
-        }
-        if (p.lse && t4 == 0) p.lse[orow * p.lse_stride_n + int64_t(qo_head) * p.lse_stride_h] = lse;
-      } else {
-        const int64_t prow = int64_t(item.partial_slot) * p.partial_rows + int64_t(tq) * group +
-                             (qo_head - it.kv_head * group);
-        float* po = p.partial_o + prow * C::DVO + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < C::DVO / 8; ++n)
-          *reinterpret_cast<float2*>(po + n * 8) = make_float2(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
-        if (t4 == 0) p.partial_lse[prow] = lse;
-      }
+  // Two adjacent output elements: one 4-byte (2-byte dtypes) or 8-byte (f32) store when aligned.
+  static __device__ __forceinline__ void store_pair(void* o, int64_t i, float a, float b, bool aligned) {
+    if (aligned && C::ODT != kF32) {
+      reinterpret_cast<uint32_t*>(o)[i / 2] = pack2<C::ODT == kF32 ? kF16 : C::ODT>(a, b);
+    } else if (aligned) {
+      reinterpret_cast<float2*>(o)[i / 2] = make_float2(a, b);
+    } else {
+      store_from_f32<C::ODT>(o, i, a);
+      store_from_f32<C::ODT>(o, i + 1, b);
     }
+  }
+
+  // Normalises the thread's rows and writes o and lse, or the partial state of a split row.
+  static __device__ __forceinline__ void store(const PrefillParams& p, const ItemInfo& it, const DeviceWorkItem& item,
+                                               const float (&m)[MT][2], float (&d)[MT][2],
+                                               const float (&acc)[MT][kND][4], int row0, int g, int t4, float c_exp) {
+    const int group = p.num_qo_heads / p.num_kv_heads;
+    const bool aligned = (reinterpret_cast<uint64_t>(p.o) & (C::ODT == kF32 ? 7 : 3)) == 0 &&
+                         ((p.o_stride_n | p.o_stride_h) & 1) == 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 1);
+        d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 2);
+        const int row = row0 + mt * 16 + g + 8 * r;
+        const int tq = row / C::GH;
+        if (tq >= it.q_tokens) continue;
+        float scale = p.variant.v_scale, lse = -INFINITY;
+        if constexpr (SM::kSoftmax) {
+          scale = d[mt][r] > 0.0f ? p.variant.v_scale / d[mt][r] : 0.0f;
+          lse = d[mt][r] > 0.0f ? m[mt][r] * c_exp + log2f(d[mt][r]) : -INFINITY;
+        }
+        const int qo_head = it.head0 + row % C::GH;
+        if (item.partial_slot < 0) {
+          const int64_t orow = int64_t(it.q_row0 + it.q_begin + tq);
+          const int64_t base = orow * p.o_stride_n + int64_t(qo_head) * p.o_stride_h + 2 * t4;
+#pragma unroll
+          for (int n = 0; n < kND; ++n)
+            store_pair(p.o, base + n * 8, acc[mt][n][2 * r] * scale, acc[mt][n][2 * r + 1] * scale, aligned);
+          if (p.lse && t4 == 0) p.lse[orow * p.lse_stride_n + int64_t(qo_head) * p.lse_stride_h] = lse;
+        } else {
+          const int64_t prow = int64_t(item.partial_slot) * p.partial_rows + int64_t(tq) * group +
+                               (qo_head - it.kv_head * group);
+          float* po = p.partial_o + prow * C::DVO + 2 * t4;
+#pragma unroll
+          for (int n = 0; n < kND; ++n)
+            *reinterpret_cast<float2*>(po + n * 8) =
+                make_float2(acc[mt][n][2 * r] * scale, acc[mt][n][2 * r + 1] * scale);
+          if (t4 == 0) p.partial_lse[prow] = lse;
+        }
+      }
   }
 };
 

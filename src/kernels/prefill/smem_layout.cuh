@@ -22,12 +22,12 @@ struct SmemLayout {
   int stage_bytes = 0;
 };
 
-// mma_bytes: bytes of the MMA type (2); kv_bytes: of the KV storage type (2, or 1 for fp8).
-constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int warps, int kv_tile,
+// rows: the M tile; kv_bytes: bytes of the KV storage type (2, or 1 for fp8; the MMA type has 2).
+constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int rows, int kv_tile,
                                  int stages, bool paged, bool rope) {
   SmemLayout l;
   l.q = 0;
-  l.stages = warps * 16 * pitch_bytes(dqk * 2);
+  l.stages = rows * pitch_bytes(dqk * 2);
   l.stage_bytes = kv_tile * (pitch_bytes(dqk * kv_bytes) + pitch_bytes(dvo * kv_bytes));
   l.convert = l.stages + stages * l.stage_bytes;
   l.freq = l.convert + (kv_bytes != 2 ? kv_tile * (pitch_bytes(dqk * 2) + pitch_bytes(dvo * 2)) : 0);

@@ -12,23 +12,26 @@
 namespace kvattn::kernels::prefill {
 
 // DT: q and MMA type (f16/bf16); KVDT: KV storage (DT, e4m3 or e5m2); GH: query heads per CTA
-// (rows r of the M tile: token r / GH, head r % GH); PAGE: baked page size, 0 = read at run time.
-template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int KV_TILE_,
-          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_>
+// (rows r of the M tile: token r / GH, head r % GH); MT: 16-row MMA tiles per warp (each K/V
+// fragment read from shared memory feeds MT MMAs); PAGE: baked page size, 0 = read at run time;
+// FAST_TANH: soft-cap through tanh.approx.f32 instead of 1 - 2 / (1 + 2^(2x log2 e)).
+template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int MT_, int KV_TILE_,
+          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_>
 struct PrefillConfig {
   static constexpr int DT = DT_, KVDT = KVDT_, ODT = ODT_, DQK = DQK_, DVO = DVO_, GH = GH_;
-  static constexpr int WARPS = WARPS_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
-  static constexpr bool PAGED = PAGED_;
+  static constexpr int WARPS = WARPS_, MT = MT_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
+  static constexpr bool PAGED = PAGED_, FAST_TANH = FAST_TANH_;
   static constexpr uint32_t FEATURES = FEATURES_;
   static_assert(DT == kF16 || DT == kBF16, "the tensor-core prefill computes in f16 or bf16");
   static_assert(KVDT == DT || KVDT == kE4M3 || KVDT == kE5M2, "KV is the q dtype or fp8");
   static_assert(DQK % 16 == 0 && DVO % 16 == 0 && DQK <= 256 && DVO <= 256, "head dims");
-  static_assert(KV_TILE % 16 == 0 && STAGES >= 2 && GH >= 1 && GH <= WARPS * 16, "tile shape");
+  static_assert(KV_TILE % 16 == 0 && STAGES >= 2 && (MT == 1 || MT == 2) && GH >= 1 && GH <= WARPS * 16 * MT,
+                "tile shape");
   static_assert(FEATURES != kDynamicFeatures, "the JIT bakes the variant's features in");
   static_assert(!PAGED || WARPS * 32 >= KV_TILE, "one thread per token fetches a tile's page ids");
 
   static constexpr int kThreads = WARPS * 32;
-  static constexpr int kM = WARPS * 16;
+  static constexpr int kM = WARPS * 16 * MT;
   static constexpr int kKVBytes = DTypeInfo<KVDT>::bytes;
   static constexpr bool kConvert = KVDT != DT;
   static constexpr bool kHasRope = (FEATURES & kRope) != 0;
@@ -38,7 +41,7 @@ struct PrefillConfig {
   static constexpr int kRawPitchK = pitch_bytes(DQK * kKVBytes), kRawPitchV = pitch_bytes(DVO * kKVBytes);
   static constexpr int kRawChunksK = DQK * kKVBytes / 16, kRawChunksV = DVO * kKVBytes / 16;
   static constexpr SmemLayout kLayout =
-      smem_layout(DQK, DVO, kKVBytes, WARPS, KV_TILE, STAGES, PAGED, kHasRope);
+      smem_layout(DQK, DVO, kKVBytes, kM, KV_TILE, STAGES, PAGED, kHasRope);
   static constexpr int kSmemBytes = kLayout.total;
 };
 
@@ -58,9 +61,30 @@ struct TileIO {
   }
 
   // Loads the M x DQK query tile (rows past the item are zero) in the MMA type, rotating it
-  // first when RoPE is fused (query i at position kv_len - qo_len + i).
+  // first when RoPE is fused (query i at position kv_len - qo_len + i) and negating it when
+  // sm_scale < 0 (the kernel scales logits by |sm_scale|, so row maxima stay maxima). Without
+  // either, 16-byte aligned rows are copied with cp.async (the caller commits and waits).
   static __device__ void load_q(const PrefillParams& p, const ItemInfo& it, char* qs, const float* freq) {
     constexpr int kHalf = C::DQK / 2;
+    const float sign = p.variant.sm_scale < 0.0f ? -1.0f : 1.0f;
+    if constexpr (!C::kHasRope) {
+      const bool aligned = ((reinterpret_cast<uint64_t>(p.q) | uint64_t(p.q_stride_n * 2) |
+                             uint64_t(p.q_stride_h * 2)) & 15) == 0;
+      if (aligned && sign > 0.0f) {
+        constexpr int kChunks = C::DQK * 2 / 16;
+        for (int i = threadIdx.x; i < C::kM * kChunks; i += C::kThreads) {
+          const int row = i / kChunks, c = i % kChunks;
+          const int tq = row / C::GH, hh = row % C::GH;
+          const bool valid = tq < it.q_tokens;
+          const char* src = static_cast<const char*>(p.q);
+          if (valid)
+            src += (int64_t(it.q_row0 + it.q_begin + tq) * p.q_stride_n + int64_t(it.head0 + hh) * p.q_stride_h) * 2 +
+                   c * 16;
+          cp_async_16(qs + row * C::kPitchQ + c * 16, src, valid);
+        }
+        return;
+      }
+    }
     for (int i = threadIdx.x; i < C::kM * kHalf; i += C::kThreads) {
       const int row = i / kHalf, t = i % kHalf;
       const int tq = row / C::GH, hh = row % C::GH;
@@ -71,8 +95,8 @@ struct TileIO {
       if (tq < it.q_tokens) {
         const int64_t base = int64_t(it.q_row0 + it.q_begin + tq) * p.q_stride_n +
                              int64_t(it.head0 + hh) * p.q_stride_h;
-        x0 = load_as_f32<C::DT>(p.q, base + i0);
-        x1 = load_as_f32<C::DT>(p.q, base + i1);
+        x0 = sign * load_as_f32<C::DT>(p.q, base + i0);
+        x1 = sign * load_as_f32<C::DT>(p.q, base + i1);
         if constexpr (C::kHasRope) {
           const int64_t pos = int64_t(it.kv_len) - it.qo_len + it.q_begin + tq;
           const float a = float(pos) * freq[t];
@@ -101,35 +125,35 @@ struct TileIO {
     return p.kv_indices[it.kv_row0 + tok / page_size(p)];
   }
 
-  // Issues the cp.async copies of the K and V rows of tokens [tile0, tile0 + KV_TILE) (zero past
-  // kv_end) into a stage. ids: the tile's page ids (paged).
-  static __device__ void load_kv(const PrefillParams& p, const ItemInfo& it, char* stage, int32_t tile0,
-                                 const int32_t* ids) {
+  // Issues the cp.async copies of the K (V = false) or V rows of tokens [tile0, tile0 + KV_TILE)
+  // (zero past kv_end) into a stage; the caller commits K and V as separate groups so that Q K^T
+  // starts before V lands. ids: the tile's page ids (paged).
+  template <bool V>
+  static __device__ __forceinline__ void load_kv(const PrefillParams& p, const ItemInfo& it, char* stage,
+                                                 int32_t tile0, const int32_t* ids) {
+    constexpr int kChunks = V ? C::kRawChunksV : C::kRawChunksK;
+    constexpr int kPitch = V ? C::kRawPitchV : C::kRawPitchK;
+    const int64_t stride_page = V ? p.v_stride_page : p.k_stride_page;
+    const int64_t stride_token = V ? p.v_stride_token : p.k_stride_token;
+    const int64_t stride_head = V ? p.v_stride_head : p.k_stride_head;
+    const char* base = static_cast<const char*>(V ? p.v : p.k) + int64_t(it.kv_head) * stride_head * C::kKVBytes;
+    char* dst = V ? stage + C::KV_TILE * C::kRawPitchK : stage;
     const int ps = page_size(p);
-    const char* kbase = static_cast<const char*>(p.k) + int64_t(it.kv_head) * p.k_stride_head * C::kKVBytes;
-    const char* vbase = static_cast<const char*>(p.v) + int64_t(it.kv_head) * p.v_stride_head * C::kKVBytes;
-    char* kdst = stage;
-    char* vdst = stage + C::KV_TILE * C::kRawPitchK;
-    auto row_offset = [&](int r, int64_t stride_page, int64_t stride_token) -> int64_t {
+#pragma unroll 4
+    for (int id = threadIdx.x; id < C::KV_TILE * kChunks; id += C::kThreads) {
+      const int r = id / kChunks, c = id % kChunks;
       const int32_t tok = tile0 + r;
-      if constexpr (C::PAGED)
-        return int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
-      else
-        return int64_t(it.kv_row0 + tok) * stride_token;
-    };
-    for (int id = threadIdx.x; id < C::KV_TILE * C::kRawChunksK; id += C::kThreads) {
-      const int r = id / C::kRawChunksK, c = id % C::kRawChunksK;
-      const bool valid = tile0 + r < it.kv_end;
-      const char* src = kbase;
-      if (valid) src += row_offset(r, p.k_stride_page, p.k_stride_token) * C::kKVBytes + c * 16;
-      cp_async_16(kdst + r * C::kRawPitchK + c * 16, src, valid);
-    }
-    for (int id = threadIdx.x; id < C::KV_TILE * C::kRawChunksV; id += C::kThreads) {
-      const int r = id / C::kRawChunksV, c = id % C::kRawChunksV;
-      const bool valid = tile0 + r < it.kv_end;
-      const char* src = vbase;
-      if (valid) src += row_offset(r, p.v_stride_page, p.v_stride_token) * C::kKVBytes + c * 16;
-      cp_async_16(vdst + r * C::kRawPitchV + c * 16, src, valid);
+      const bool valid = tok < it.kv_end;
+      const char* src = base;
+      if (valid) {
+        int64_t row;
+        if constexpr (C::PAGED)
+          row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
+        else
+          row = int64_t(it.kv_row0 + tok) * stride_token;
+        src += row * C::kKVBytes + c * 16;
+      }
+      cp_async_16(dst + r * kPitch + c * 16, src, valid);
     }
   }
 

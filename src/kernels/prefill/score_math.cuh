@@ -1,0 +1,141 @@
+// The per-score work of the prefill kernel between the two MMAs, on one warp's MT x 16 rows and a
+// KV tile (S fragments s[mt][n][j]: row g + 8 (j / 2) of m-tile mt, key n * 8 + 2 t4 + j % 2):
+//   - logits: the mask only on tiles it can cut; soft-cap / ALiBi / sigmoid weights on every tile
+//     when the variant has them (plain softmax variants keep raw scores: the scale is folded into
+//     the exponent, one FMA per score);
+//   - online softmax in log2 units with ex2.approx, the O rescale skipped when no row max moved.
+#pragma once
+
+#include "kernels/prefill/tile_io.cuh"
+
+namespace kvattn::kernels::prefill {
+
+__device__ __forceinline__ float fast_exp2(float x) {  // 2^x; -inf -> +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh: tanh.approx.f32 (one MUFU op, relative error about 2^-11) or 1 - 2 / (1 + e^2x) with
+// ex2/rcp.approx (two MUFU ops, absolute error about 1e-7).
+template <bool kApprox>
+__device__ __forceinline__ float fast_tanh(float x) {
+  if constexpr (kApprox) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return 1.0f - 2.0f * fast_rcp(1.0f + fast_exp2(x * 2.8853900817779268f));
+  }
+}
+
+// Where a warp's rows sit: the item-relative token of its first and last real row.
+struct WarpRows {
+  int row0;                     // first M-tile row of the warp
+  int32_t pos_first, pos_last;  // positions of its first and last real query
+};
+
+template <class C>
+struct ScoreMath {
+  static constexpr int MT = C::MT, kNT = C::KV_TILE / 8;
+  static constexpr float kLog2e = 1.4426950408889634f;
+  static constexpr bool kSoftmax = (C::FEATURES & kSigmoid) == 0;
+  // Variants whose logits change on every tile; the others need only the mask.
+  static constexpr bool kTransform = (C::FEATURES & (kSoftCap | kAlibi)) != 0 || !kSoftmax;
+  using Variant = BuiltinVariant<C::FEATURES>;
+  using NoCap = BuiltinVariant<C::FEATURES & ~uint32_t(kSoftCap)>;
+
+  // The factor between a score as the softmax sees it and log2 units (raw scores: |sm_scale|
+  // log2 e; transformed ones are already in log2 units).
+  static __device__ __forceinline__ float exp_scale(const PrefillParams& p) {
+    return kTransform ? 1.0f : fmaxf(fabsf(p.variant.sm_scale) * kLog2e, 1e-30f);  // never 0 x inf
+  }
+
+  // Masks (when `masked`) and transforms the tile's scores. Softmax: masked scores become -inf;
+  // sigmoid: scores become weights, 0 where masked.
+  static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
+                                                int32_t tile0, int row0, int g, int t4, bool masked) {
+    if (!kTransform && !masked) return;
+    const float scale = fabsf(p.variant.sm_scale);
+    const float cap = (C::FEATURES & kSoftCap) ? p.variant.soft_cap : 1.0f;
+    const float pre = scale / cap;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = row0 + mt * 16 + g + 8 * (j / 2);
+        const int32_t tq = row / C::GH;
+        const int64_t q_idx = it.q_begin + tq;
+        const LogitCoord base{it.request, it.head0 + row % C::GH, q_idx, 0, it.kv_len - it.qo_len + q_idx, 0,
+                              it.kv_len};
+        const bool row_ok = tq < it.q_tokens;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          LogitCoord c = base;
+          c.kv_idx = c.kv_pos = tile0 + n * 8 + 2 * t4 + (j & 1);
+          bool visible = true;
+          if (masked) visible = row_ok && c.kv_idx < it.kv_end && Variant::logits_mask(p.variant, c);
+          float x = s[mt][n][j];
+          if constexpr (kTransform) {
+            if constexpr ((C::FEATURES & kSoftCap) != 0)
+              x = cap * fast_tanh<C::FAST_TANH>(x * pre);
+            else
+              x *= scale;
+            x = NoCap::logits_transform(p.variant, x, c);
+            if constexpr (kSoftmax)
+              x *= kLog2e;
+            else
+              x = visible ? Variant::sigmoid_weight(p.variant, x) : 0.0f;
+          }
+          if constexpr (kSoftmax) x = visible ? x : -INFINITY;
+          s[mt][n][j] = x;
+        }
+      }
+  }
+
+  // Online softmax over the tile: new row maxima (reduced over the quad sharing a row), the
+  // rescale of d and O (skipped when no row of the warp moved), P = 2^(c s - c m) in place.
+  // m is kept in score units; c = exp_scale().
+  template <int NACC>
+  static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
+                                                        float (&acc)[MT][NACC][4], float c) {
+    float rescale[MT][2];
+    bool moved = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = m[mt][r];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = mx == -INFINITY ? 0.0f : mx * c;  // all masked so far: P = 0
+        rescale[mt][r] = m[mt][r] == -INFINITY ? 0.0f : fast_exp2(m[mt][r] * c - m_scaled);  // O, d were 0
+        moved = moved || mx != m[mt][r];
+        m[mt][r] = mx;
+        d[mt][r] *= rescale[mt][r];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int j = 2 * r; j < 2 * r + 2; ++j) {
+            s[mt][n][j] = fast_exp2(fmaf(s[mt][n][j], c, -m_scaled));
+            d[mt][r] += s[mt][n][j];
+          }
+      }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NACC; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[mt][n][j] *= rescale[mt][j / 2];
+    }
+  }
+};
+
+}  // namespace kvattn::kernels::prefill
