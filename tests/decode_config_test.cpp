@@ -2,6 +2,9 @@
 // on every machine, GPU or not.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #if KVATTN_WITH_CUDA
 #include "cuda/decode_kernels.h"
 #include "kernels/variants/params.cuh"
@@ -47,6 +50,46 @@ TEST(DecodeConfig, SharedMemoryLeavesTwoCtasPerSm) {
       const int limit = kv == DType::f32 && hd == 256 ? 200 * 1024 : 112 * 1024;
       EXPECT_LE(decode_smem_bytes(c), limit) << c.name();
     }
+}
+
+// Sets KVATTN_DECODE_KERNEL for one scope and restores what was there (the GPU tests may run in
+// this process with KVATTN_DECODE_KERNEL=transposed).
+class DecodeKernelEnv {
+ public:
+  explicit DecodeKernelEnv(const char* value) {
+    if (const char* old = std::getenv("KVATTN_DECODE_KERNEL")) saved_ = old, had_ = true;
+    if (value) ::setenv("KVATTN_DECODE_KERNEL", value, 1);
+    else ::unsetenv("KVATTN_DECODE_KERNEL");
+  }
+  ~DecodeKernelEnv() {
+    if (had_) ::setenv("KVATTN_DECODE_KERNEL", saved_.c_str(), 1);
+    else ::unsetenv("KVATTN_DECODE_KERNEL");
+  }
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
+  {
+    DecodeKernelEnv env(nullptr);
+    auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
+    EXPECT_FALSE(c.transposed);
+    EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0");
+  }
+  DecodeKernelEnv env("transposed");
+  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
+  EXPECT_TRUE(c.tensor_cores);
+  EXPECT_TRUE(c.transposed);
+  EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0_t");
+  auto f16 = choose_decode_config(DType::f16, DType::f16, DType::f16, 256, 256, 16, 16, 0);
+  EXPECT_TRUE(f16.transposed);
+  EXPECT_EQ(f16.heads_per_cta, 16);  // two n-tiles of 8 heads in one CTA
+  EXPECT_LE(decode_smem_bytes(f16), 112 * 1024) << f16.name();
+  auto fp8 = choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0);
+  EXPECT_FALSE(fp8.transposed);  // CUDA cores: the flag does not apply
+  EXPECT_EQ(fp8.name(), "decode_simt_e4m3_qbf16_hd128_g4_p16_f0");
 }
 
 TEST(DecodeConfig, UnsupportedShapesAreErrors) {

@@ -3,7 +3,8 @@
 // are checked, element by element, against
 //  - merges: the float64 reference (tests/reference, SEMANTICS.md "Merging attention states"),
 //    with every dtype pair, strided views (the kernels' 4-element and scalar paths), aliasing,
-//    -inf states (their o is NaN here: it must not be read), NaN-free masks, k = 0, 1, 5;
+//    -inf states (their o is NaN here: it must not be read), device masks (contiguous and
+//    strided), k = 0, 1, 5;
 //  - append: the slot SEMANTICS.md ("Paged KV cache") gives, computed here from the page table,
 //    holding exactly the right bits (the tests' own codec, ops_testing.h, independent of src/),
 //    every other byte of the cache unchanged, and the whole cache byte-identical to the CPU
@@ -12,8 +13,8 @@
 //  - a merge and an append captured in a CUDA graph and replayed;
 //  - the host-side errors of CUDA calls (mixed devices, dtypes, misalignment, index arrays), by
 //    message, with nothing written.
-// GPU cases skip, saying why, where there is no CUDA device. GpuOpsConvert.* and GpuOpsErrors.*
-// need no device (the calls they make fail before any launch; with a device their tensors are real
+// GPU cases skip, saying why, where there is no CUDA device. GpuOpsConvert.*, GpuOpsJit.* and
+// GpuOpsErrors.* need no device (the calls they make fail before any launch; with a device their tensors are real
 // device memory).
 //
 // Tolerances (merges). The reference reads the stored inputs, so input rounding adds nothing. The

@@ -2,6 +2,8 @@
 // here on every machine, GPU or not.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #if KVATTN_WITH_CUDA
 #include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
@@ -16,10 +18,17 @@ using kvattn::cuda::prefill_smem_bytes;
 TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   auto c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096);
   EXPECT_EQ(c.heads_per_cta, 4);
-  EXPECT_EQ(c.warps, 8);
+  EXPECT_EQ(c.rows(), 128);  // the default long shape: 4 warps x 2 m-tiles, KV 32, 3 stages, 2 CTAs/SM
+  EXPECT_EQ(c.warps, 4);
+  EXPECT_EQ(c.m_tiles, 2);
   EXPECT_EQ(c.query_tokens(), 32);
-  EXPECT_EQ(c.kv_tile, 64);
+  EXPECT_EQ(c.kv_tile, 32);
+  EXPECT_EQ(c.min_blocks, 2);
   EXPECT_EQ(c.page_size, 16);
+  // Rows that fill less than half of the long M tile: 16-row warps, as few as hold them.
+  auto short_run = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 40);
+  EXPECT_EQ(short_run.m_tiles, 1);
+  EXPECT_EQ(short_run.warps, 4);
   // One query token per request (decode-like appends): one warp holds the group's 8 rows.
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 8, true, 16, 0, 1);
   EXPECT_EQ(d.warps, 1);
@@ -74,7 +83,44 @@ TEST(PrefillConfig, NamesAreDistinct) {
   auto b = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, 1, 4096);
   auto c = choose_prefill_config(DType::bf16, DType::e4m3, DType::f32, 192, 128, 4, true, 16, 1, 4096);
   EXPECT_NE(a.name(), b.name());
-  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w4_k32_s2_paged16_f1");
+  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w4_k32_s2_b2_paged16_f1");
+  auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
+  EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k32_s3_b2_ragged_f0");
+}
+
+// KVATTN_PREFILL_VARIANT picks the long shape at plan time (set here, restored after).
+class PrefillVariantEnv : public ::testing::Test {
+ protected:
+  void set(const char* v) { ::setenv("KVATTN_PREFILL_VARIANT", v, 1); }
+  void TearDown() override { ::unsetenv("KVATTN_PREFILL_VARIANT"); ::unsetenv("KVATTN_PREFILL_TANH"); }
+};
+
+TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
+  for (const char* v : {"m2k32", "m2k64", "m1k64", "m2w8"}) {
+    set(v);
+    for (int hd : {64, 128, 256})
+      for (DType kv : {DType::bf16, DType::e4m3}) {
+        auto c = choose_prefill_config(DType::bf16, kv, DType::bf16, hd, hd, 1, true, 16,
+                                       kvattn::kernels::kCausal | kvattn::kernels::kRope, 16384);
+        EXPECT_GE(c.rows(), 64) << v << " " << c.name();
+        EXPECT_LE(prefill_smem_bytes(c) + 1024, 228 * 1024 / c.min_blocks) << v << " " << c.name();
+        EXPECT_LE(c.m_tiles * hd, 2 * 128) << "a warp's O accumulator fits in registers: " << c.name();
+      }
+  }
+  set("m1k64");
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 16384).name(),
+            "prefill_bf16_hd128_g1_w8_k64_s2_ragged_f0");
+  set("nope");
+  EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 16384),
+                      "KVATTN_PREFILL_VARIANT = 'nope' is not a prefill variant");
+}
+
+TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {
+  ::setenv("KVATTN_PREFILL_TANH", "approx", 1);
+  auto a = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kvattn::kernels::kSoftCap, 16384);
+  EXPECT_TRUE(a.fast_tanh);
+  EXPECT_NE(a.name().find("_tanhx"), std::string::npos);
+  EXPECT_FALSE(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 1, 16384).fast_tanh);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ std::string DecodeKernelConfig::name() const {
   if (threads != 128) n += "_t" + std::to_string(threads);
   if (!tensor_cores && tile_tokens != 64) n += "_k" + std::to_string(tile_tokens);
   if (persistent) n += "_persistent";
+  if (tensor_cores && transposed) n += "_t";
   return n;
 }
 
@@ -53,6 +54,9 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
   const char* grid = std::getenv("KVATTN_DECODE_GRID");
   c.persistent = grid && std::string(grid) == "workers";
+  // KVATTN_DECODE_KERNEL=transposed selects the transposed tensor-core kernel (f16/bf16 KV).
+  const char* kernel = std::getenv("KVATTN_DECODE_KERNEL");
+  c.transposed = c.tensor_cores && kernel && std::string(kernel) == "transposed";
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
   // Keep at least two CTAs per SM (about 110 KB of shared memory each on a 228 KB SM): wide rows
   // (f32 KV, head dim 256) take 32-token tiles on the CUDA-core path.
@@ -66,6 +70,8 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
+  if (c.tensor_cores && c.transposed)
+    return kernels::decode::mma_t_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   if (c.tensor_cores)
     return kernels::decode::mma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   return kernels::decode::simt_smem_bytes(int(dtype_size(c.kv_dtype)), c.head_dim_qk, c.head_dim_vo,
@@ -83,12 +89,14 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   spec.arch = arch;
   std::string kernel;
   if (c.tensor_cores) {
-    kernel = "kvattn::kernels::decode::DecodeMmaKernel<" + code(c.kv_dtype) + ", " + code(c.q_dtype) +
+    kernel = std::string("kvattn::kernels::decode::") +
+             (c.transposed ? "DecodeMmaTKernel<" : "DecodeMmaKernel<") + code(c.kv_dtype) + ", " + code(c.q_dtype) +
              ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
              std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
              std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
              std::to_string(c.stages) + ", " + std::to_string(c.threads / 32) + ">";
-    spec.source = "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
+    spec.source = c.transposed ? "#include \"kernels/decode/decode_mma_t_kernel.cuh\"\n"
+                               : "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
   } else {
     kernel = "kvattn::kernels::decode::DecodeKernel<" + code(c.q_dtype) + ", " + code(c.kv_dtype) +
              ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
@@ -98,6 +106,10 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
              std::to_string(c.threads) + ">";
     spec.source = "#include \"kernels/decode/decode_kernel.cuh\"\n";
   }
+  // Experiment knob (docs/NOTES.md): KVATTN_DECODE_L2_PREFETCH=64|128|256 adds the L2 prefetch
+  // hint to the K/V copies.
+  if (const char* l2 = std::getenv("KVATTN_DECODE_L2_PREFETCH"))
+    spec.options.push_back(std::string("-DKVATTN_L2_PREFETCH=") + l2);
   spec.source += "#include \"kernels/decode/persistent.cuh\"\n"
                  "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
                  spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"

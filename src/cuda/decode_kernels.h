@@ -13,6 +13,9 @@ namespace kvattn::cuda {
 // Everything that specialises one decode kernel.
 struct DecodeKernelConfig {
   bool tensor_cores = false;  // DecodeMmaKernel (f16/bf16 KV) or DecodeKernel (CUDA cores)
+  // Tensor cores only: DecodeMmaTKernel (tokens as MMA rows, heads as columns: half the MMAs per
+  // KV byte for groups up to 8), selected by KVATTN_DECODE_KERNEL=transposed.
+  bool transposed = false;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   int head_dim_qk = 128, head_dim_vo = 128;
   int heads_per_cta = 4;      // query heads of one KV head's group per CTA (blockIdx.y splits the rest)
@@ -24,14 +27,15 @@ struct DecodeKernelConfig {
   // true: one CTA per worker runs the planner's list for that worker; false: one CTA per item.
   bool persistent = false;
 
-  std::string name() const;   // "decode_mma_bf16_hd128_g4_p16_f0"
+  std::string name() const;   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed)
 };
 
 // The heuristic, from measurements on the H200 (docs/PERFORMANCE.md): tensor cores whenever the KV
 // is f16/bf16, q has the same dtype and RoPE is not fused (the MMA needs both operands in one type;
 // fused RoPE rotates K in f32 on the CUDA-core path); 2 stages of 64 tokens, 4 warps, so three
-// CTAs fit an SM. Throws kvattn::Error for head dims the GPU kernels do not take (a multiple of 16
-// up to 256) or a group that does not divide.
+// CTAs fit an SM. KVATTN_DECODE_KERNEL=transposed picks the transposed tensor-core kernel (to
+// measure it against the default). Throws kvattn::Error for head dims the GPU kernels do not take
+// (a multiple of 16 up to 256) or a group that does not divide.
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
                                         int head_dim_vo, int group_size, int page_size,
                                         uint32_t features);

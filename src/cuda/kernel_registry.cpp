@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <tuple>
 #include "cuda/kernel_registry.h"
 
 #include "cuda/append_kernels.h"
@@ -85,6 +86,16 @@ std::vector<Preset> build() {
   p[0].kernels.push_back({"append_paged_kv", [](const std::string& arch) { return append_paged_spec(arch); }});
   p[0].kernels.insert(p[0].kernels.end(), prefill.begin(), prefill.end());
   p.push_back({"merge", "merge_states and merge_state for f32, f16, bf16", merge});
+  // The transposed tensor-core decode (KVATTN_DECODE_KERNEL=transposed), compiled here only.
+  for (auto [t, hd, group, features] : {std::tuple{DType::bf16, 128, 4, 0u}, std::tuple{DType::bf16, 128, 8, 0u},
+                                        std::tuple{DType::f16, 64, 16, 0u}, std::tuple{DType::bf16, 256, 1, 0u},
+                                        std::tuple{DType::bf16, 128, 4, uint32_t(kernels::kSoftCap)},
+                                        std::tuple{DType::bf16, 128, 4, uint32_t(kernels::kSlidingWindow)},
+                                        std::tuple{DType::bf16, 128, 4, uint32_t(kernels::kSigmoid)}}) {
+    DecodeKernelConfig c = choose_decode_config(t, t, t, hd, hd, group, 16, features);
+    c.transposed = true;
+    decode.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
+  }
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
   return p;

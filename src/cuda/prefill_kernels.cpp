@@ -27,7 +27,7 @@ std::string PrefillKernelConfig::name() const {
 
 std::string prefill_variant_from_env() {
   const char* v = std::getenv("KVATTN_PREFILL_VARIANT");
-  return v && *v ? std::string(v) : std::string("m2k64");
+  return v && *v ? std::string(v) : std::string("m2k32");
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
@@ -38,14 +38,14 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo
     PrefillTileShape shape[3];
   };
   static const Row kRows[] = {
-      {"m2k64", {{4, 2, 64, 2, 3}, {4, 2, 64, 2, 2}, {4, 1, 32, 2, 2}}},
-      {"m2k32", {{4, 2, 64, 3, 3}, {4, 2, 32, 3, 2}, {8, 1, 64, 2, 1}}},
-      {"m1k64", {{8, 1, 64, 2, 2}, {8, 1, 64, 2, 1}, {8, 1, 32, 2, 1}}},
+      {"m2k32", {{4, 2, 64, 2, 2}, {4, 2, 32, 3, 2}, {4, 1, 32, 2, 2}}},
+      {"m2k64", {{4, 2, 64, 3, 2}, {4, 2, 64, 2, 2}, {8, 1, 64, 2, 1}}},
+      {"m1k64", {{8, 1, 64, 2, 1}, {8, 1, 64, 2, 1}, {8, 1, 32, 2, 1}}},
       {"m2w8", {{8, 2, 64, 2, 1}, {8, 2, 32, 2, 1}, {8, 1, 64, 2, 1}}},
   };
   for (const Row& r : kRows)
     if (variant == r.name) return r.shape[cls];
-  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k64, m2k32, m1k64, m2w8)");
+  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k32, m2k64, m1k64, m2w8)");
 }
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,

@@ -24,5 +24,11 @@ constexpr int mma_smem_bytes(int dqk, int dvo, int stages, int warps) {
                 warps * 16 * (dvo + 2) * 4) +
          16 * odd_chunks(dqk * 2) * 16 + (stages + 1) * (mma_tile_tokens(warps) + 1) * 4;
 }
+// Transposed tensor-core kernel: the same, with merge buffers of pitch dvo + 4 per head.
+constexpr int mma_t_smem_bytes(int dqk, int dvo, int stages, int warps) {
+  return max_of(stages * mma_tile_tokens(warps) * (odd_chunks(dqk * 2) + odd_chunks(dvo * 2)) * 16,
+                warps * 16 * (dvo + 6) * 4) +
+         16 * odd_chunks(dqk * 2) * 16 + (stages + 1) * (mma_tile_tokens(warps) + 1) * 4;
+}
 
 }  // namespace kvattn::kernels::decode

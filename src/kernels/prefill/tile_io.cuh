@@ -139,21 +139,36 @@ struct TileIO {
     const char* base = static_cast<const char*>(V ? p.v : p.k) + int64_t(it.kv_head) * stride_head * C::kKVBytes;
     char* dst = V ? stage + C::KV_TILE * C::kRawPitchK : stage;
     const int ps = page_size(p);
-#pragma unroll 4
-    for (int id = threadIdx.x; id < C::KV_TILE * kChunks; id += C::kThreads) {
-      const int r = id / kChunks, c = id % kChunks;
-      const int32_t tok = tile0 + r;
-      const bool valid = tok < it.kv_end;
-      const char* src = base;
-      if (valid) {
+    if constexpr (C::kThreads % kChunks == 0) {
+      // Each thread copies chunk c of rows r0, r0 + kStep, ...: one row pointer per pass.
+      constexpr int kStep = C::kThreads / kChunks;
+      const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+#pragma unroll
+      for (int r = r0, i = 0; i < (C::KV_TILE + kStep - 1) / kStep; ++i, r += kStep) {
+        if (C::KV_TILE % kStep != 0 && r >= C::KV_TILE) break;
+        const int32_t tok = tile0 + r;
+        const bool valid = tok < it.kv_end;
         int64_t row;
         if constexpr (C::PAGED)
           row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
         else
           row = int64_t(it.kv_row0 + tok) * stride_token;
-        src += row * C::kKVBytes + c * 16;
+        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row * C::kKVBytes + c * 16 : base, valid);
       }
-      cp_async_16(dst + r * kPitch + c * 16, src, valid);
+    } else {
+      for (int id = threadIdx.x; id < C::KV_TILE * kChunks; id += C::kThreads) {
+        const int r = id / kChunks, c = id % kChunks;
+        const int32_t tok = tile0 + r;
+        const bool valid = tok < it.kv_end;
+        int64_t row = 0;
+        if (valid) {
+          if constexpr (C::PAGED)
+            row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
+          else
+            row = int64_t(it.kv_row0 + tok) * stride_token;
+        }
+        cp_async_16(dst + r * kPitch + c * 16, base + row * C::kKVBytes + c * 16, valid);
+      }
     }
   }
 
