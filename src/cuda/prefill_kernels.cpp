@@ -27,7 +27,7 @@ std::string PrefillKernelConfig::name() const {
 
 std::string prefill_variant_from_env() {
   const char* v = std::getenv("KVATTN_PREFILL_VARIANT");
-  return v && *v ? std::string(v) : std::string("m2k32");
+  return v && *v ? std::string(v) : std::string("m2k64");  // fastest on the H200 (PERFORMANCE.md)
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
