@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -71,8 +72,9 @@ IoExport::IoExport(std::string dir, std::string tool, int64_t kv_limit_bytes)
                {"kv_limit_bytes", kv_limit_bytes_},
                {"generator",
                 {{"name", "kvattn-hash-v1"},
-                 {"seeds", {{"q", kSeedQ}, {"k_cache", kSeedK}, {"v_cache", kSeedV}}},
-                 {"scales", {{"q", kScaleQ}, {"k_cache", kScaleKV}, {"v_cache", kScaleKV}}}}},
+                 {"seeds", {{"q", kSeedQ}, {"k_cache", kSeedK}, {"v_cache", kSeedV}, {"k", kSeedK}, {"v", kSeedV}}},
+                 {"scales",
+                  {{"q", kScaleQ}, {"k_cache", kScaleKV}, {"v_cache", kScaleKV}, {"k", kScaleKV}, {"v", kScaleKV}}}}},
                {"cases", nlohmann::json::array()}};
 }
 
@@ -162,6 +164,54 @@ void export_decode_case(IoExport& io, const DecodeCaseIo& c) {
                            size_t(rows * D) * 2);
   arrays["lse"] = io.array(dir + "lse.npy", "f32", {c.batch, c.num_qo_heads}, to_host(c.lse, size_t(rows)).data(),
                            size_t(rows) * 4);
+  nlohmann::json entry = c.fields;
+  entry["id"] = c.id;
+  entry["arrays"] = std::move(arrays);
+  io.add_case(std::move(entry));
+}
+
+void export_prefill_case(IoExport& io, const PrefillCaseIo& c) {
+  const std::string dir = io.case_dir(c.id);
+  const bool paged = c.page_size > 0;
+  nlohmann::json arrays;
+  auto ints = [&](const char* name, const std::vector<int32_t>& v) {
+    arrays[name] = io.array(dir + name + ".npy", "i32", {int64_t(v.size())}, v.data(), v.size() * 4);
+  };
+  // A generated input: written when at most `limit` bytes, else only described (readers
+  // regenerate it from the manifest's generator).
+  auto input = [&](const char* name, const uint16_t* src, const std::vector<int64_t>& shape, int64_t limit) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    if (int64_t(n * 2) <= limit)
+      arrays[name] = io.array(dir + name + ".npy", "bf16", shape, to_host(src, n).data(), n * 2);
+    else
+      arrays[name] = {{"file", nullptr}, {"dtype", "bf16"}, {"shape", shape}};
+  };
+  input("q", c.q, {c.nnz_q, c.num_qo_heads, c.head_dim_qk}, io.kv_limit_bytes());
+  ints("qo_indptr", *c.qo_indptr);
+  const int64_t kv_rows = paged ? c.num_pages * c.page_size : c.nnz_kv;
+  // K and V together against the limit: each gets half of it.
+  const std::vector<int64_t> k_shape = paged ? std::vector<int64_t>{c.num_pages, c.page_size, c.num_kv_heads, c.head_dim_qk}
+                                             : std::vector<int64_t>{c.nnz_kv, c.num_kv_heads, c.head_dim_qk};
+  std::vector<int64_t> v_shape = k_shape;
+  v_shape.back() = c.head_dim_vo;
+  const bool kv_fits = kv_rows * c.num_kv_heads * (c.head_dim_qk + c.head_dim_vo) * 2 <= io.kv_limit_bytes();
+  const int64_t kv_limit = kv_fits ? INT64_MAX : -1;
+  if (paged) {
+    input("k_cache", c.k, k_shape, kv_limit);
+    input("v_cache", c.v, v_shape, kv_limit);
+    ints("kv_indptr", *c.page_indptr);  // in pages, as FlashInfer's paged kv_indptr
+    ints("kv_indices", *c.page_ids);
+    ints("kv_last_page_len", *c.last_page_len);
+  } else {
+    input("k", c.k, k_shape, kv_limit);
+    input("v", c.v, v_shape, kv_limit);
+    ints("kv_indptr", *c.kv_indptr);  // in tokens
+  }
+  const size_t out_n = size_t(c.nnz_q * c.num_qo_heads * c.head_dim_vo), lse_n = size_t(c.nnz_q * c.num_qo_heads);
+  arrays["out"] = io.array(dir + "out.npy", "bf16", {c.nnz_q, c.num_qo_heads, c.head_dim_vo},
+                           to_host(c.out, out_n).data(), out_n * 2);
+  arrays["lse"] = io.array(dir + "lse.npy", "f32", {c.nnz_q, c.num_qo_heads}, to_host(c.lse, lse_n).data(), lse_n * 4);
   nlohmann::json entry = c.fields;
   entry["id"] = c.id;
   entry["arrays"] = std::move(arrays);

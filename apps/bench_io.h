@@ -35,7 +35,8 @@ inline uint32_t bench_hash_u8(uint32_t seed, uint64_t i) {
   const uint32_t t = mix32(seed * 0x9e3779b9u + uint32_t(i >> 32));
   return mix32(uint32_t(i) ^ t) >> 24;
 }
-// Seeds and scales of the decode benchmark's tensors (recorded in the manifest).
+// Seeds and scales of the benchmarks' tensors (recorded in the manifest): q; K and V, paged
+// (k_cache, v_cache) or ragged (k, v: prefill), with the same seeds.
 inline constexpr uint32_t kSeedQ = 1, kSeedK = 2, kSeedV = 3;
 inline constexpr float kScaleQ = 1.0f / 32, kScaleKV = 1.0f / 128;
 
@@ -53,8 +54,8 @@ void write_npy(const std::string& path, const char* descr, const std::vector<int
 class IoExport {
  public:
   // Creates `dir` (and parents). kv_limit_bytes: a case's K and V caches are written only when
-  // together at most this big (the Python side regenerates larger ones; q, page table, out and
-  // lse are always written).
+  // together at most this big, and a prefill case's q only when at most this big (the Python
+  // side regenerates larger ones; decode's q, index arrays, out and lse are always written).
   IoExport(std::string dir, std::string tool, int64_t kv_limit_bytes);
 
   int64_t kv_limit_bytes() const { return kv_limit_bytes_; }
@@ -89,6 +90,22 @@ struct DecodeCaseIo {
   const std::vector<int32_t>*indptr = nullptr, *indices = nullptr, *last_page_len = nullptr;
 };
 void export_decode_case(IoExport& io, const DecodeCaseIo& c);
+
+// One prefill case: its manifest fields, the device tensors (q [nnz_q, Hq, Dqk]; ragged k/v
+// [nnz_kv, Hkv, D] or the NHD caches [num_pages, page_size, Hkv, D] when page_size > 0; out
+// [nnz_q, Hq, Dvo] bf16, lse [nnz_q, Hq] f32) and the host index arrays (qo_indptr, kv_indptr
+// [B+1] in tokens; paged: page_indptr [B+1], page_ids, last_page_len [B]).
+struct PrefillCaseIo {
+  std::string id;
+  nlohmann::json fields;
+  int64_t nnz_q = 0, nnz_kv = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0;
+  int64_t num_pages = 0, page_size = 0;  // page_size 0: ragged
+  const uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  const float* lse = nullptr;
+  const std::vector<int32_t>*qo_indptr = nullptr, *kv_indptr = nullptr, *page_indptr = nullptr,
+                       *page_ids = nullptr, *last_page_len = nullptr;
+};
+void export_prefill_case(IoExport& io, const PrefillCaseIo& c);
 #endif
 
 }  // namespace kvattn_cli

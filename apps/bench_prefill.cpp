@@ -4,18 +4,23 @@
 // rate (../shared/ANCHORS.md). Shapes follow the peers' anchors: 16k tokens as 1 x 16k, 4 x 4k and
 // 16 x 1k; head dims 64/128/256 (32 heads, 16 for 256); causal and not; ragged and paged (page 1
 // and 16); soft-cap; GQA; a skewed ragged batch and an append batch on a cached prefix.
+// --save-io DIR exports each case's inputs and outputs for the side-by-side run with the peers
+// (bench/run-peers; apps/bench_io.h, bench/peers/README.md).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench_io.h"
 #include "commands.h"
 #include "core/batch_shapes.h"
 #include "kvattn/kvattn.h"
@@ -47,6 +52,25 @@ struct PrefillBenchCase {
     return pairs;
   }
   double flops() const { return 4.0 * visible_pairs() * num_qo_heads * head_dim; }
+  std::string heads() const { return std::to_string(num_qo_heads) + "/" + std::to_string(num_kv_heads); }
+  // The fields a --list --json entry and an export's manifest entry share (bench/peers/README.md).
+  nlohmann::json fields() const {
+    return {{"op", "prefill"}, {"id", id}, {"case", name}, {"heads", heads()}, {"num_qo_heads", num_qo_heads},
+            {"num_kv_heads", num_kv_heads}, {"head_dim_qk", head_dim}, {"head_dim_vo", head_dim},
+            {"kv", page_size > 0 ? "paged" : "ragged"}, {"kv_layout", "NHD"}, {"page_size", page_size},
+            {"batch", qo_lens.size()}, {"qo_lens", qo_lens}, {"kv_lens", kv_lens},
+            {"q_tokens", std::accumulate(qo_lens.begin(), qo_lens.end(), int64_t(0))},
+            {"kv_tokens", std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t(0))}, {"causal", causal},
+            {"soft_cap", soft_cap}, {"sm_scale", 1.0 / std::sqrt(double(head_dim))}, {"lse_base", 2}};
+  }
+};
+
+struct PrefillBenchOptions {
+  bool quick = false, json = false, list = false;
+  int iters = 20;
+  std::vector<std::string> cases;  // case ids to run; empty: every case
+  std::string save_io;              // export directory; empty: none
+  int64_t save_io_kv_mb = 256;
 };
 
 std::vector<PrefillBenchCase> prefill_cases(bool quick) {
@@ -93,7 +117,7 @@ struct DeviceBytes {
   DeviceBytes(const DeviceBytes&) = delete;
 };
 
-nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double peak_tflops) {
+nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double peak_tflops, kvattn_cli::IoExport* io) {
   using kvattn::DType;
   using kvattn::TensorView;
   const auto dev = kvattn::Device::cuda(0);
@@ -117,8 +141,14 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
 
   const size_t q_bytes = size_t(nq) * c.num_qo_heads * D * 2, kv_bytes = size_t(kv_rows) * c.num_kv_heads * D * 2;
   DeviceBytes q(q_bytes), out(q_bytes), k(kv_bytes), v(kv_bytes);
-  // bf16 0x3c3c ~ 0.0115 everywhere: timing does not depend on the values.
-  for (auto* buf : {&q, &k, &v}) cuda_ok(cudaMemset(buf->ptr, 0x3c, buf == &q ? q_bytes : kv_bytes), "cudaMemset");
+  if (!io) {
+    // bf16 0x3c3c ~ 0.0115 everywhere: timing does not depend on the values.
+    for (auto* buf : {&q, &k, &v}) cuda_ok(cudaMemset(buf->ptr, 0x3c, buf == &q ? q_bytes : kv_bytes), "cudaMemset");
+  } else {  // --save-io: the generator's values (apps/bench_io.h); paged: every slot of every page
+    kvattn_cli::upload_bench_values(static_cast<uint16_t*>(q.ptr), q_bytes / 2, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
+    kvattn_cli::upload_bench_values(static_cast<uint16_t*>(k.ptr), kv_bytes / 2, kvattn_cli::kSeedK, kvattn_cli::kScaleKV);
+    kvattn_cli::upload_bench_values(static_cast<uint16_t*>(v.ptr), kv_bytes / 2, kvattn_cli::kSeedV, kvattn_cli::kScaleKV);
+  }
   const int64_t ws_bytes = int64_t(1) << 30;
   DeviceBytes ws(static_cast<size_t>(ws_bytes));
 
@@ -152,15 +182,15 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
 
   TensorView qv(q.ptr, DType::bf16, {nq, c.num_qo_heads, D}, dev);
   TensorView ov(out.ptr, DType::bf16, {nq, c.num_qo_heads, D}, dev);
-  auto run = [&] {
+  auto run = [&](const TensorView& lse = {}) {
     if (P > 0) {
       const auto cache = kvattn::PagedKVCache::split(TensorView(k.ptr, DType::bf16, {pages, P, c.num_kv_heads, D}, dev),
                                                      TensorView(v.ptr, DType::bf16, {pages, P, c.num_kv_heads, D}, dev),
                                                      kvattn::KVLayout::NHD);
-      prefill.run(qv, cache, ov);
+      prefill.run(qv, cache, ov, lse);
     } else {
       prefill.run(qv, TensorView(k.ptr, DType::bf16, {nkv, c.num_kv_heads, D}, dev),
-                  TensorView(v.ptr, DType::bf16, {nkv, c.num_kv_heads, D}, dev), ov);
+                  TensorView(v.ptr, DType::bf16, {nkv, c.num_kv_heads, D}, dev), ov, lse);
     }
   };
   for (int i = 0; i < 3; ++i) run();
@@ -179,43 +209,81 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2];
   const double tflops = c.flops() / (med * 1e-3) / 1e12;
-  return {{"op", "prefill"}, {"id", c.id}, {"case", c.name},
-          {"heads", std::to_string(c.num_qo_heads) + "/" + std::to_string(c.num_kv_heads)},
+  nlohmann::json row = {{"op", "prefill"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"head_dim", D}, {"causal", c.causal}, {"soft_cap", c.soft_cap},
           {"kv", P > 0 ? "paged, page " + std::to_string(P) : std::string("ragged")},
-          {"batch", B}, {"q_tokens", nq}, {"kv_tokens", nkv}, {"visible_pairs", c.visible_pairs()},
+          {"batch", B}, {"q_tokens", nq}, {"kv_tokens", nkv}, {"qo_lens", c.qo_lens}, {"kv_lens", c.kv_lens},
+          {"visible_pairs", c.visible_pairs()},
           {"ms", med}, {"TFLOPs", tflops}, {"pct_of_782", 100.0 * tflops / peak_tflops},
           {"plan_us", plan_us[plan_us.size() / 2]}};
+  if (io) {  // one more run, with lse, into a poisoned out (0xffff: NaN); then export everything
+    DeviceBytes lse(size_t(nq) * c.num_qo_heads * 4);
+    cuda_ok(cudaMemset(out.ptr, 0xff, q_bytes), "cudaMemset");
+    run(TensorView(lse.ptr, DType::f32, {nq, c.num_qo_heads}, dev));
+    cuda_ok(cudaDeviceSynchronize(), "run with lse");
+    kvattn_cli::PrefillCaseIo e;
+    e.id = c.id;
+    e.fields = c.fields();
+    e.fields["num_pages"] = pages;
+    e.fields["row"] = row;
+    e.nnz_q = nq, e.nnz_kv = nkv, e.num_qo_heads = c.num_qo_heads, e.num_kv_heads = c.num_kv_heads;
+    e.head_dim_qk = D, e.head_dim_vo = D, e.num_pages = pages, e.page_size = P;
+    e.q = static_cast<const uint16_t*>(q.ptr), e.k = static_cast<const uint16_t*>(k.ptr);
+    e.v = static_cast<const uint16_t*>(v.ptr), e.out = static_cast<const uint16_t*>(out.ptr);
+    e.lse = static_cast<const float*>(lse.ptr);
+    e.qo_indptr = &qo_indptr, e.kv_indptr = &kv_indptr, e.page_indptr = &page_indptr, e.page_ids = &page_ids;
+    e.last_page_len = &last;
+    kvattn_cli::export_prefill_case(*io, e);
+  }
+  return row;
 }
 #endif
 
-void bench_prefill(bool quick, bool json, bool list, int iters, const std::vector<std::string>& only) {
-  const auto cases = prefill_cases(quick);
-  if (list) {
-    for (const auto& c : cases) std::printf("%-36s %s (%s heads, hd %d)\n", c.id.c_str(), c.name.c_str(),
-                                            (std::to_string(c.num_qo_heads) + "/" + std::to_string(c.num_kv_heads)).c_str(),
-                                            c.head_dim);
+std::vector<PrefillBenchCase> selected_cases(const PrefillBenchOptions& o) {
+  auto cases = prefill_cases(o.quick);
+  if (o.cases.empty()) return cases;
+  for (const auto& id : o.cases)
+    if (std::none_of(cases.begin(), cases.end(), [&](const PrefillBenchCase& c) { return c.id == id; }))
+      throw kvattn::Error("--cases: no case '" + id + "'" + (o.quick ? " with --quick" : "") + " (see --list)");
+  std::vector<PrefillBenchCase> picked;
+  for (auto& c : cases)
+    if (std::find(o.cases.begin(), o.cases.end(), c.id) != o.cases.end()) picked.push_back(std::move(c));
+  return picked;
+}
+
+void bench_prefill(const PrefillBenchOptions& o) {
+  const auto cases = selected_cases(o);
+  if (o.list) {  // no GPU needed
+    if (o.json) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& c : cases) rows.push_back(c.fields());
+      std::cout << rows.dump(1) << "\n";
+      return;
+    }
+    for (const auto& c : cases)
+      std::printf("%-36s %s (%s heads, hd %d)\n", c.id.c_str(), c.name.c_str(), c.heads().c_str(), c.head_dim);
     return;
   }
 #if KVATTN_WITH_CUDA
   kvattn::cuda::require_cuda("kvattn bench prefill");
+  std::unique_ptr<kvattn_cli::IoExport> io;
+  if (!o.save_io.empty())
+    io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench prefill", o.save_io_kv_mb << 20);
   nlohmann::json rows = nlohmann::json::array();
-  if (!json)
+  if (!o.json)
     std::printf("%-34s %6s %4s %10s %9s %8s %9s\n", "prefill (bf16)", "heads", "hd", "time", "TFLOP/s", "% 782",
                 "plan");
   for (const auto& c : cases) {
-    if (!only.empty() && std::find(only.begin(), only.end(), c.id) == only.end()) continue;
-    auto row = run_prefill_case(c, iters, 782.0);
-    if (!json)
+    auto row = run_prefill_case(c, o.iters, 782.0, io.get());
+    if (!o.json)
       std::printf("%-34s %6s %4d %7.3f ms %9.1f %7.1f%% %6.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), c.head_dim, row["ms"].get<double>(),
                   row["TFLOPs"].get<double>(), row["pct_of_782"].get<double>(), row["plan_us"].get<double>());
     std::fflush(stdout);
     rows.push_back(row);
   }
-  if (json) std::cout << rows.dump(1) << "\n";
+  if (o.json) std::cout << rows.dump(1) << "\n";
 #else
-  (void)json; (void)iters; (void)only;
   throw kvattn::Error("kvattn bench prefill needs the CUDA backend, and this build has none");
 #endif
 }
@@ -225,13 +293,19 @@ void bench_prefill(bool quick, bool json, bool list, int iters, const std::vecto
 void register_bench_prefill(CLI::App& bench) {
   auto* cmd = bench.add_subcommand("prefill", "batch prefill/append: head dims 64/128/256, 16k tokens as 1 x 16k, "
                                               "4 x 4k, 16 x 1k, causal or not, ragged and paged, bf16");
-  static bool quick = false, json = false, list = false;
-  static int iters = 20;
-  static std::vector<std::string> only;
-  cmd->add_flag("--quick", quick, "a few shapes only");
-  cmd->add_flag("--json", json, "print the rows as JSON");
-  cmd->add_flag("--list", list, "list the cases (id, shape) and exit");
-  cmd->add_option("--cases", only, "run only these case ids (see --list)")->delimiter(',');
-  cmd->add_option("--iters", iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
-  cmd->callback([] { bench_prefill(quick, json, list, iters, only); });
+  static PrefillBenchOptions o;
+  cmd->add_flag("--quick", o.quick, "a few shapes only");
+  cmd->add_flag("--json", o.json, "print the rows as JSON (with --list: the cases' shapes and per-request lengths)");
+  cmd->add_flag("--list", o.list, "list the cases (id, shape) and run nothing; no GPU needed");
+  cmd->add_option("--cases", o.cases, "run only these case ids, comma-separated (see --list)")->delimiter(',');
+  cmd->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
+  cmd->add_option("--save-io", o.save_io,
+                  "export each case's q, K/V (ragged, or the paged cache and page table), indptrs, out and lse "
+                  "(.npy) and DIR/manifest.json for bench/run-peers; q and K/V then hold generated values")
+      ->type_name("DIR");
+  cmd->add_option("--save-io-kv-mb", o.save_io_kv_mb,
+                  "with --save-io, write a case's K and V only when together at most this many MiB, and q only "
+                  "when at most this many (readers regenerate larger ones from the manifest's generator)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
+  cmd->callback([] { bench_prefill(o); });
 }

@@ -6,7 +6,8 @@
   CPU (numpy) and the GPU (torch) give the bits kvattn used. K/V caches too large to export
   are regenerated with it; the ones that were exported are compared against it.
 - float64 references for paged decode and for prefill (ragged or paged), computed with torch
-  on the GPU in chunks.
+  on the GPU in chunks; for prefill on a sample of query rows (sample_rows) so that 16k x 16k
+  causal cases cost seconds, not minutes.
 
 numpy is needed for the files; torch only for the *_torch functions and the references.
 """
@@ -117,7 +118,8 @@ class Export:
         import torch
 
         a = case["arrays"][name]
-        t = generate_torch(self.seeds[name], self.scales[name], a["shape"], device)
+        key = name if name in self.seeds else {"k": "k_cache", "v": "v_cache"}.get(name, name)
+        t = generate_torch(self.seeds[key], self.scales[key], a["shape"], device)
         if verify and a.get("file") is not None:
             f = self.torch(case, name, device)
             if not torch.equal(f.view(torch.int16), t.view(torch.int16)):
@@ -221,6 +223,58 @@ def reference_prefill(q, qo_indptr, kv_lens, get_kv, sm_scale, causal, soft_cap=
             o, l2 = _attend64(qq, k, v, sm_scale, mask, soft_cap)
             out[qi[b] + r0:qi[b] + r1] = o.reshape(r1 - r0, Hq, -1)
             lse[qi[b] + r0:qi[b] + r1] = l2.reshape(r1 - r0, Hq)
+    return out, lse
+
+
+def sample_rows(qo_lens, n=256):
+    """The query rows (global indices into [nnz_q], sorted, int64) the prefill reference is computed
+    for: n rows spread evenly over all nnz_q rows (np.linspace), plus the first and last row of
+    every request (the causal mask's extremes); every row when that is not fewer."""
+    qo_lens = np.asarray(qo_lens, dtype=np.int64)
+    nnz = int(qo_lens.sum())
+    ip = np.concatenate([[0], np.cumsum(qo_lens)])
+    ends = np.concatenate([ip[:-1][qo_lens > 0], ip[1:][qo_lens > 0] - 1])
+    if nnz <= n + len(ends):
+        return np.arange(nnz, dtype=np.int64)
+    spread = np.round(np.linspace(0, nnz - 1, n)).astype(np.int64)
+    return np.unique(np.concatenate([spread, ends])).astype(np.int64)
+
+
+def reference_prefill_rows(q, qo_indptr, kv_lens, get_kv, sm_scale, causal, rows, soft_cap=0.0, rows_per_chunk=64):
+    """reference_prefill for the query rows `rows` only (global indices into q's first dimension,
+    sorted, e.g. sample_rows()): out [R, Hq, Dv] f64 and lse [R, Hq] (base 2), row r of the result
+    being query row rows[r]. Each request's K/V are fetched (get_kv) and widened to float64 once,
+    and only for requests with sampled rows."""
+    import torch
+
+    _, Hq, D = q.shape
+    rows = np.asarray(rows, dtype=np.int64)
+    qi = np.asarray(list(qo_indptr), dtype=np.int64)
+    req = np.searchsorted(qi, rows, side="right") - 1  # the request of each sampled row
+    out = lse = None
+    for b in np.unique(req).tolist():
+        sel = np.nonzero(req == b)[0]  # positions in `rows`
+        k, v = get_kv(b)
+        k, v = k.double(), v.double()
+        Hkv, Lk = k.shape[1], k.shape[0]
+        G = Hq // Hkv
+        Lq = int(qi[b + 1] - qi[b])
+        if out is None:
+            out = torch.zeros(len(rows), Hq, v.shape[2], dtype=torch.float64, device=q.device)
+            lse = torch.full((len(rows), Hq), float("-inf"), dtype=torch.float64, device=q.device)
+        for c0 in range(0, len(sel), rows_per_chunk):
+            part = sel[c0:c0 + rows_per_chunk]
+            g = torch.from_numpy(rows[part]).to(q.device)
+            qq = q[g].double().view(len(part), Hkv, G, D)
+            mask = None
+            if causal:  # query i of the request sits at Lk - Lq + i
+                pos = torch.from_numpy(rows[part] - qi[b] + (Lk - Lq)).to(q.device)[:, None]
+                mask = torch.arange(Lk, device=q.device)[None, :] <= pos
+            o, l2 = _attend64(qq, k, v, sm_scale, mask, soft_cap)
+            at = torch.from_numpy(part).to(q.device)
+            out[at] = o.reshape(len(part), Hq, -1)
+            lse[at] = l2.reshape(len(part), Hq)
+        del k, v
     return out, lse
 
 

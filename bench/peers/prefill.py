@@ -3,12 +3,14 @@ BatchPrefillWithPagedKVCacheWrapper (backends fa2 and fa3), PyTorch SDPA (FlashA
 cuDNN) and FlexAttention (causal shapes, as ../shared/bench/peers.py) on kvattn's prefill shapes.
 Where the cases come from (run.py decides):
 
-1. an export of `kvattn bench prefill --save-io DIR` (not written yet): the same page tables and
-   values, and kvattn's own output checked against the float64 reference like the peers';
-2. the rows of `kvattn bench prefill --json` (what exists now): the peers run on the same shapes
-   (heads, head dim, causal, soft-cap, ragged or paged with the same page size, uniform lengths
-   taken as tokens / batch; skewed cases, whose lengths a row does not carry, are skipped), with
-   inputs made by the generator; kvattn's timing is listed beside them, its output unchecked;
+1. an export of `kvattn bench prefill --save-io DIR`: the peers run on exactly the exported
+   tensors (q, ragged k/v or the paged cache, qo_indptr, kv_indptr and the page table), and
+   kvattn's own out and lse are checked against the float64 reference like the peers';
+2. without an export, the rows of `kvattn bench prefill --json`: the peers run on the same shapes
+   (heads, head dim, causal, soft-cap, ragged or paged with the same page size, the rows'
+   per-request qo_lens/kv_lens; rows of older binaries without them: uniform lengths taken as
+   tokens / batch, skewed cases skipped), with inputs made by the generator; kvattn's timing is
+   listed beside them, its output unchecked;
 3. `--prefill builtin`: the shapes of builtin_cases() below, peers only.
 
 Case fields (an export's manifest uses the same, README.md): id, case, heads, num_qo_heads,
@@ -20,6 +22,13 @@ kv_last_page_len.
 TFLOP/s = 4 * (visible query-key pairs) * Hq * D / time; a causal query i of a request with
 qo_len Lq and kv_len Lk sees Lk - Lq + i + 1 keys (aligned bottom-right, as in kvattn and
 FlashInfer).
+
+The float64 reference is computed for a sample of query rows (kvio.sample_rows: 256 rows spread
+evenly over all nnz_q rows plus the first and last row of each request; every row of a small
+case), all heads, each against its request's full K/V: a 16k x 16k causal case then costs a few
+GB and seconds instead of 16k rows of float64 attention. max_abs_err, rel_err and
+lse_max_abs_err are over those rows (`ref_rows` says how many); vs_kvattn_max_abs compares every
+row with kvattn's exported output.
 """
 import re
 
@@ -67,10 +76,14 @@ def cases_from_rows(rows):
             B, nq, nkv = int(r["batch"]), int(r["q_tokens"]), int(r["kv_tokens"])
             layout = str(r.get("kv", "ragged"))
             m = re.search(r"page (\d+)", layout)
-            if "zipf" in r["id"] or nq % B or nkv % B:
-                skipped.append((r["id"], "its per-request lengths are not in the row"))
+            if r.get("qo_lens") and r.get("kv_lens"):
+                qo, kv = [int(x) for x in r["qo_lens"]], [int(x) for x in r["kv_lens"]]
+            elif "zipf" in r["id"] or nq % B or nkv % B:
+                skipped.append((r["id"], "its per-request lengths are not in the row (an older kvattn)"))
                 continue
-            cases.append(make_case(r["id"], r["case"], [nq // B] * B, [nkv // B] * B, r.get("causal", True),
+            else:
+                qo, kv = [nq // B] * B, [nkv // B] * B
+            cases.append(make_case(r["id"], r["case"], qo, kv, r.get("causal", True),
                                    (hq, hkv), int(r["head_dim"]), "paged" if m else "ragged",
                                    int(m.group(1)) if m else 0, r.get("soft_cap", 0.0), row=r))
         except (KeyError, ValueError, TypeError) as e:
@@ -79,8 +92,10 @@ def cases_from_rows(rows):
 
 
 def flashinfer_modules(cases):
-    """The FlashInfer modules these cases need: (backend, head_dim, soft-cap used)."""
-    return sorted({(b, c["head_dim_qk"], bool(c.get("soft_cap"))) for c in cases for b in ("fa2", "fa3")})
+    """The FlashInfer modules these cases need: (backend, head_dim, soft-cap used). Cases are
+    manifest entries, make_case() dicts or `kvattn bench prefill --list --json` entries."""
+    return sorted({(b, int(c.get("head_dim_qk") or c.get("head_dim")), bool(c.get("soft_cap")))
+                   for c in cases for b in ("fa2", "fa3")})
 
 
 def visible_pairs(qo_lens, kv_lens, causal):
@@ -98,6 +113,7 @@ def base_row(case, impl, layout):
     return dict(op="prefill", id=case["id"], case=case["case"], heads=case["heads"], head_dim=case["head_dim_qk"],
                 kv=layout, causal=case["causal"], soft_cap=case.get("soft_cap", 0.0), batch=len(case["qo_lens"]),
                 q_tokens=int(sum(case["qo_lens"])), kv_tokens=int(sum(case["kv_lens"])),
+                qo_lens=[int(x) for x in case["qo_lens"]], kv_lens=[int(x) for x in case["kv_lens"]],
                 page_size=case.get("page_size"), impl=impl)
 
 
@@ -130,24 +146,36 @@ def run_case(case, args, fi, flex, log, exp=None):
     layout, P = case.get("kv", "ragged"), case.get("page_size") or 0
     nnz_q, nnz_kv = int(sum(qo_lens)), int(sum(kv_lens))
     qo_ip_np = _indptr(qo_lens)
-    qo_indptr = torch.from_numpy(qo_ip_np).to(dev)
     rows = []
 
-    # Inputs: ragged k/v [nnz_kv, Hkv, D] or the paged cache, with the same values.
-    k = v = k_cache = v_cache = indptr = indices = last = None
+    # Inputs: ragged k/v [nnz_kv, Hkv, D] or the paged cache, with the same values; from an
+    # export, exactly its tensors and index arrays (inputs too big to write are regenerated).
+    k = v = k_cache = v_cache = indptr = indices = last = kv_indptr = None
     if exp is not None:
+        exp_qo = exp.numpy(case, "qo_indptr").astype(np.int32)
+        if exp_qo.tolist() != qo_ip_np.tolist():
+            raise ValueError(f"{case['id']}: qo_indptr does not match qo_lens")
         q = exp.input(case, "q", dev)
         if layout == "paged":
             k_cache, v_cache = exp.input(case, "k_cache", dev), exp.input(case, "v_cache", dev)
             indptr, indices, last = (exp.torch(case, n, dev) for n in ("kv_indptr", "kv_indices", "kv_last_page_len"))
+            lens = kvio.kv_lens_from_page_table(indptr.cpu().numpy(), last.cpu().numpy(), P)
+            if lens.tolist() != list(kv_lens):
+                raise ValueError(f"{case['id']}: the page table does not match kv_lens")
         else:
             k, v = exp.input(case, "k", dev), exp.input(case, "v", dev)
+            kv_indptr = exp.torch(case, "kv_indptr", dev)
+            if kv_indptr.cpu().tolist() != _indptr(kv_lens).tolist():
+                raise ValueError(f"{case['id']}: kv_indptr does not match kv_lens")
     else:
         q = kvio.generate_torch(SEEDS["q"], SCALES["q"], [nnz_q, Hq, D], dev)
         k = kvio.generate_torch(SEEDS["k"], SCALES["k"], [nnz_kv, Hkv, D], dev)
         v = kvio.generate_torch(SEEDS["v"], SCALES["v"], [nnz_kv, Hkv, Dv], dev)
         if layout == "paged":
             k_cache, v_cache, indptr, indices, last = _scatter_to_pages(k, v, kv_lens, P, dev)
+    qo_indptr = torch.from_numpy(qo_ip_np).to(dev)
+    if layout != "paged" and kv_indptr is None:
+        kv_indptr = torch.from_numpy(_indptr(kv_lens)).to(dev)
 
     kv_ip = _indptr(kv_lens).tolist()
     if k is not None:
@@ -159,9 +187,12 @@ def run_case(case, args, fi, flex, log, exp=None):
         def get_kv(b):
             return (kvio.gather_pages(k_cache, indices, pip[b], pip[b + 1], kv_lens[b]),
                     kvio.gather_pages(v_cache, indices, pip[b], pip[b + 1], kv_lens[b]))
-    ref_out = ref_lse = None
+    ref_out = ref_lse = ref_rows = None
     if not args.no_prefill_reference:
-        ref_out, ref_lse = kvio.reference_prefill(q, qo_ip_np.tolist(), kv_lens, get_kv, sm_scale, causal, cap)
+        sample = kvio.sample_rows(qo_lens, getattr(args, "ref_rows", 256))
+        ref_out, ref_lse = kvio.reference_prefill_rows(q, qo_ip_np.tolist(), kv_lens, get_kv, sm_scale, causal,
+                                                       sample, cap)
+        ref_rows = torch.from_numpy(sample).to(dev)
 
     # kvattn: its row (timing) and, from an export, its output.
     kv_out = None
@@ -171,15 +202,20 @@ def run_case(case, args, fi, flex, log, exp=None):
         if exp is not None:
             kv_out, kv_lse = exp.torch(case, "out", dev), exp.torch(case, "lse", dev)
             if ref_out is not None:
-                r.update(kvio.errors(kv_out, ref_out, kv_lse, ref_lse))
+                r.update(kvio.errors(kv_out[ref_rows], ref_out, kv_lse[ref_rows], ref_lse), ref_rows=len(ref_rows))
+            if not bool(torch.isfinite(kv_out.float()).all()):  # every row written (out was poisoned)
+                r["nonfinite"] = True
         else:
-            r["note"] = "output not exported (kvattn bench prefill has no --save-io yet)"
+            r["note"] = "output not exported (run kvattn bench prefill with --save-io)"
         rows.append(r)
         log(r)
 
     def check(r, out, lse=None):
         if ref_out is not None:
-            r.update(kvio.errors(out, ref_out, lse, ref_lse))
+            r.update(kvio.errors(out[ref_rows], ref_out, None if lse is None else lse[ref_rows], ref_lse),
+                     ref_rows=len(ref_rows))
+        if not bool(torch.isfinite(out.float()).all()):
+            r["nonfinite"] = True
         if kv_out is not None:
             r["vs_kvattn_max_abs"] = float((out.double() - kv_out.double()).abs().max())
 
@@ -209,7 +245,6 @@ def run_case(case, args, fi, flex, log, exp=None):
                         return w.run(q, ins[i], out=out, **kw)
                 else:
                     w = fi.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
-                    kv_indptr = torch.from_numpy(_indptr(kv_lens)).to(dev)
 
                     def plan():
                         w.plan(qo_indptr, kv_indptr, Hq, Hkv, D, head_dim_vo=Dv, **common)

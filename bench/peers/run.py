@@ -4,6 +4,7 @@ kvattn exported, checks every output against a float64 reference, writes OUT/res
 each case (so a run cut short still leaves its rows), then OUT/table.md and the plots.
 
   python3 bench/peers/run.py --out OUT --decode-io DIR --decode-json FILE [--prefill auto|builtin|off ...]
+  python3 bench/peers/run.py --build-only --decode-list FILE --prefill-list FILE   # FlashInfer JIT only
 """
 import argparse
 import datetime
@@ -76,9 +77,44 @@ def kvattn_rows_by_key(path):
         return {}
 
 
+def load_json(path, default):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def flashinfer_keys(dcases, pcases):
+    """jit_warmup module keys for decode cases (head dim 128 unless the case says) and prefill cases."""
+    keys = set()
+    for c in dcases:
+        hd = int(c.get("head_dim_qk") or 128)
+        keys |= {f"decode:{hd}", f"fa2:{hd}"}  # CUDA-core decode; the tensor-core path runs fa2 prefill
+    keys |= {f"{b}:{hd}" + (":softcap" if cap else "") for b, hd, cap in prefill.flashinfer_modules(pcases)}
+    return sorted(keys)
+
+
+def build_only(args):
+    """--build-only: compile the FlashInfer modules the listed cases need, and nothing else."""
+    import flashinfer  # noqa: F401 - fails here, not inside the build, when it is missing
+    import jit_warmup
+
+    dcases = load_json(args.decode_list, []) if args.decode_list else []
+    pcases = load_json(args.prefill_list, []) if args.prefill_list and args.prefill != "off" else []
+    if args.prefill == "builtin" and not pcases:
+        pcases = prefill.builtin_cases(args.quick)
+    keys = flashinfer_keys(dcases, pcases)
+    print(f"# --build-only: {len(dcases)} decode and {len(pcases)} prefill cases need {len(keys)} modules: "
+          f"{' '.join(keys)}", flush=True)
+    if keys:
+        jit_warmup.build(keys, log=lambda m: print(m, flush=True))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="folder for results.json, table.md and the plots")
+    ap.add_argument("--out", help="folder for results.json, table.md and the plots (needed unless --build-only)")
     ap.add_argument("--decode-io", help="the folder `kvattn bench decode --save-io` wrote")
     ap.add_argument("--decode-json", help="the --json output of the same kvattn run")
     ap.add_argument("--prefill", choices=["auto", "builtin", "off"], default="auto",
@@ -93,10 +129,21 @@ def main():
     ap.add_argument("--skip-dense", action="store_true", help="no SDPA/cuDNN/Flex rows")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--no-prefill-reference", action="store_true", help="skip the float64 prefill check")
+    ap.add_argument("--ref-rows", type=int, default=256,
+                    help="query rows the float64 prefill reference is computed for, spread over each case "
+                         "(plus each request's first and last row; kvio.sample_rows)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only compile the FlashInfer modules that the cases of --decode-list/--prefill-list need")
+    ap.add_argument("--decode-list", help="with --build-only: `kvattn bench decode --list --json` output")
+    ap.add_argument("--prefill-list", help="with --build-only: `kvattn bench prefill --list --json` output")
     ap.add_argument("--note", action="append", default=[], help="a line for the table's notes")
     ap.add_argument("--deadline", type=float, default=None,
                     help="a Unix time after which no new case starts (the rest are listed as not run)")
     args = ap.parse_args()
+    if args.build_only:
+        return build_only(args)
+    if not args.out:
+        ap.error("--out is required")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
     notes = list(args.note)
@@ -155,12 +202,15 @@ def main():
         elif args.prefill_json and os.path.exists(args.prefill_json):
             with open(args.prefill_json) as f:
                 pcases, skipped = prefill.cases_from_rows(json.load(f))
-            notes.append("prefill: kvattn bench prefill exports no inputs yet (--save-io): the peers ran on its "
+            notes.append("prefill: no export from kvattn bench prefill (--save-io): the peers ran on its "
                          "shapes with generated inputs; kvattn's prefill outputs are not cross-checked")
             notes += [f"prefill {cid}: peers skipped, {why}" for cid, why in skipped]
         elif args.prefill == "builtin":
             pcases = prefill.builtin_cases(args.quick)
             notes.append("prefill: built-in shapes, peers only (no kvattn prefill in this run)")
+    if pcases and not args.no_prefill_reference:
+        notes.append(f"prefill errors vs float64 are over {args.ref_rows} query rows spread over each case plus "
+                     "each request's first and last row, all heads (bench/peers/prefill.py); |d kvattn| over all rows")
     res["cases"] = {"decode": len(dcases), "prefill": len(pcases)}
     res["kvattn_raw"] = {}  # kvattn's own --json output, whole
     for op, path in (("decode", args.decode_json), ("prefill", args.prefill_json)):
@@ -174,8 +224,7 @@ def main():
     # ---- FlashInfer's kernels, compiled before anything is timed ----
     if fi is not None and (dcases or pcases):
         import jit_warmup
-        keys = [f"decode:{c['head_dim_qk']}" for c in dcases] + [f"fa2:{c['head_dim_qk']}" for c in dcases]
-        keys += [f"{b}:{hd}" + (":softcap" if cap else "") for b, hd, cap in prefill.flashinfer_modules(pcases)]
+        keys = flashinfer_keys(dcases, pcases)
         res["meta"]["flashinfer_jit_s"] = round(jit_warmup.build(keys, log=lambda m: print(m, flush=True)), 1)
 
     def out_of_time(op, case):

@@ -111,6 +111,7 @@ constexpr uint64_t kWorkerMask = (uint64_t(1) << kWorkerBits) - 1;
 
 struct WorkerTree {
   std::vector<uint64_t> node;
+  std::vector<uint64_t> sorted;  // scratch of place_rounds
   size_t leaves = 1;
 
   void reset(size_t n) {
@@ -269,6 +270,8 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
   s.total = 0;
   s.largest = 0;
   int64_t num_items = int64_t(groups.size());
+  int64_t memo_len = -1;
+  Cut memo_cut{};
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
     const int64_t L = int64_t(g.v1) - g.v0;
@@ -278,7 +281,11 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
       s.largest = std::max(s.largest, g.cost);
       continue;
     }
-    Cut c = cut_range(L, split, pb.align, balanced);
+    if (L != memo_len) {  // consecutive requests of one length cut alike: divide once
+      memo_len = L;
+      memo_cut = cut_range(L, split, pb.align, balanced);
+    }
+    const Cut c = memo_cut;
     s.cuts[gi] = c;
     num_items += c.n - 1;
     const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
@@ -312,20 +319,60 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
   uint64_t* const node = tree.node.data();
   const size_t leaves = tree.leaves;
   uint64_t root = node[1];
-  auto place = [&](int32_t group, int32_t chunk, int64_t cost) {
-    for (int h = 0; h < pb.slice_heads; ++h) {
-      // tree.add_to_top(cost), with the root kept in a register between placements.
-      const int32_t w = int32_t(root & kWorkerMask);
-      size_t i = leaves + size_t(w);
-      uint64_t v = root + (uint64_t(cost) << kWorkerBits);
-      node[i] = v;
-      for (; i > 1; i >>= 1) {
-        v = std::min(v, node[i ^ 1]);
-        node[i >> 1] = v;
-      }
-      root = v;
-      *out++ = {group, chunk, h, w};
+  // One item to the least-loaded worker (tree.add_to_top, with the root kept in a register).
+  auto place_one = [&](int64_t cost) {
+    const int32_t w = int32_t(root & kWorkerMask);
+    size_t i = leaves + size_t(w);
+    uint64_t v = root + (uint64_t(cost) << kWorkerBits);
+    node[i] = v;
+    for (; i > 1; i >>= 1) {
+      v = std::min(v, node[i ^ 1]);
+      node[i >> 1] = v;
     }
+    root = v;
+    return w;
+  };
+  // `count` items of one cost when the loads spread less than that cost: greedy then takes the
+  // workers in (load, index) order, and after each round every load has grown by the cost with
+  // the order unchanged, so the items go round that order; the same assignment as place_one's, in
+  // O(workers log workers + count) instead of O(count log workers).
+  auto place_rounds = [&](Assign* a, size_t count, int64_t cost) {
+    uint64_t lo = ~uint64_t(0), hi = 0;
+    for (size_t w = 0; w < n; ++w) {
+      lo = std::min(lo, node[leaves + w] >> kWorkerBits);
+      hi = std::max(hi, node[leaves + w] >> kWorkerBits);
+    }
+    if (hi - lo >= uint64_t(cost)) return false;
+    tree.sorted.assign(node + leaves, node + leaves + n);
+    std::sort(tree.sorted.begin(), tree.sorted.end());
+    for (size_t k = 0, r = 0; k < count; ++k, r = r + 1 == n ? 0 : r + 1)
+      a[k].worker = int32_t(tree.sorted[r] & kWorkerMask);
+    const uint64_t rounds = count / n, rest = count % n;
+    for (size_t r = 0; r < n; ++r) {
+      const size_t w = size_t(tree.sorted[r] & kWorkerMask);
+      node[leaves + w] += ((rounds + (r < rest ? 1 : 0)) * uint64_t(cost)) << kWorkerBits;
+    }
+    for (size_t i = leaves - 1; i >= 1; --i) node[i] = std::min(node[2 * i], node[2 * i + 1]);
+    root = node[1];
+    return true;
+  };
+  // Items are buffered as runs of equal cost (the longest-first order makes runs long in uniform
+  // batches) and placed when the cost changes.
+  Assign* run_begin = out;
+  int64_t run_cost = -1;
+  auto flush = [&] {
+    const size_t count = size_t(out - run_begin);
+    if (count == 0) return;
+    if (count < n || !place_rounds(run_begin, count, run_cost))
+      for (Assign* a = run_begin; a != out; ++a) a->worker = place_one(run_cost);
+    run_begin = out;
+  };
+  auto place = [&](int32_t group, int32_t chunk, int64_t cost) {
+    if (cost != run_cost) {
+      flush();
+      run_cost = cost;
+    }
+    for (int h = 0; h < pb.slice_heads; ++h) *out++ = {group, chunk, h, -1};
   };
   // Merge the unsplit groups (already in order) with the split chunks, longest first; on equal
   // cost the lower group index goes first.
@@ -350,6 +397,7 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
         place(c.group, chunk, c.cost);
     }
   }
+  flush();
   s.loads.resize(n);
   s.makespan = 0;
   for (size_t w = 0; w < n; ++w) {
