@@ -76,6 +76,7 @@ struct DecodeBenchOptions {
   std::string save_io;  // export directory; empty: none
   int64_t save_io_kv_mb = 256;
   int workers = 0;  // SchedulerOptions::num_workers; 0: the library's default
+  bool via_prefill = false;  // time BatchPrefill (one query per request) instead of BatchDecode
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
@@ -119,7 +120,7 @@ struct DeviceBuffer {
 };
 
 nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io,
-                               int workers) {
+                               int workers, bool via_prefill) {
   using kvattn::DType;
   using kvattn::TensorView;
   const int D = 128, P = c.page_size, B = int(c.lens.size());
@@ -196,13 +197,33 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   };
   TensorView qv(q.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
   TensorView ov(out.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
-  for (int i = 0; i < 3; ++i) decode.run(qv, cache_view(i % copies), ov);
+  // --via-prefill: the same step on the prefill kernels (one query token per request), for the
+  // decode-on-prefill heuristic of the prefill issue; its page table stays on the host.
+  std::vector<int32_t> qo_indptr(size_t(B) + 1);
+  std::iota(qo_indptr.begin(), qo_indptr.end(), 0);
+  kvattn::BatchPrefill prefill(TensorView(ws.ptr, DType::u8, {ws_bytes}, kvattn::Device::cuda(0)));
+  if (via_prefill) {
+    kvattn::BatchPrefillPlan pp;
+    static_cast<kvattn::AttentionShape&>(pp) = plan;
+    pp.qo_indptr = TensorView(qo_indptr.data(), DType::i32, {int64_t(B) + 1});
+    pp.page_table = kvattn::PageTable{plan.page_table.indptr, TensorView(indices.data(), DType::i32, {pages}),
+                                      plan.page_table.last_page_len};
+    pp.page_size = P;
+    prefill.plan(pp);
+  }
+  auto run_once = [&](int copy) {
+    if (via_prefill)
+      prefill.run(qv, cache_view(copy), ov);
+    else
+      decode.run(qv, cache_view(copy), ov);
+  };
+  for (int i = 0; i < 3; ++i) run_once(i % copies);
   cuda_ok(cudaDeviceSynchronize(), "warm-up");
   std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * iters));
   for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
   for (int i = 0; i < iters; ++i) {
     cuda_ok(cudaEventRecord(ev[size_t(2 * i)]), "cudaEventRecord");
-    decode.run(qv, cache_view(i % copies), ov);
+    run_once(i % copies);
     cuda_ok(cudaEventRecord(ev[size_t(2 * i + 1)]), "cudaEventRecord");
   }
   cuda_ok(cudaDeviceSynchronize(), "timed runs");
@@ -218,7 +239,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
           {"plan_host_table_us", plan_host_table_us},
-          {"l2_copies", copies}, {"workers", decode.schedule() ? decode.schedule()->num_workers() : 0}};
+          {"l2_copies", copies}, {"workers", decode.schedule() ? decode.schedule()->num_workers() : 0},
+          {"kernels", via_prefill ? "prefill" : "decode"}};
   if (io) {  // one more run on copy 0, with lse, into a poisoned out; then export everything
     DeviceBuffer<float> lse(size_t(B) * c.num_qo_heads);
     cuda_ok(cudaMemset(out.ptr, 0xff, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");
@@ -248,6 +270,8 @@ void bench_decode(const DecodeBenchOptions& o) {
   const auto cases = selected_cases(o);
 #if KVATTN_WITH_CUDA
   kvattn::cuda::require_cuda("kvattn bench decode");
+  if (o.via_prefill && !o.save_io.empty())
+    throw kvattn::Error("kvattn bench decode: --via-prefill and --save-io do not combine");
   std::unique_ptr<kvattn_cli::IoExport> io;
   if (!o.save_io.empty())
     io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench decode", o.save_io_kv_mb << 20);
@@ -260,7 +284,7 @@ void bench_decode(const DecodeBenchOptions& o) {
       if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(), c.heads().c_str(), c.kv_gb());
       continue;
     }
-    auto row = run_decode_case(c, o.iters, 4800.0, io.get(), o.workers);
+    auto row = run_decode_case(c, o.iters, 4800.0, io.get(), o.workers, o.via_prefill);
     if (!json)
       std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us %7.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), row["ms"].get<double>() * 1e3,
@@ -288,6 +312,8 @@ void register_bench_command(CLI::App& app) {
   decode->add_flag("--quick", o.quick, "a few shapes only");
   decode->add_flag("--json", o.json, "print the rows as JSON");
   decode->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
+  decode->add_flag("--via-prefill", o.via_prefill,
+                   "run each step on the prefill kernels (BatchPrefill, one query per request; no --save-io)");
   decode->add_option("--workers", o.workers, "planner workers (default: SMs x resident CTAs of the kernel)")
       ->check(CLI::Range(0, 1 << 20));
   decode->add_flag("--list", o.list, "list the cases (id, shape, KV size) and run nothing; no GPU needed");

@@ -6,6 +6,7 @@
 
 #include "support/attention_case.h"
 #include "support/device_mirror.h"
+#include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
 
@@ -18,16 +19,6 @@ namespace {
 
 using kvattn::DType;
 using kvattn::KVLayout;
-
-#if KVATTN_WITH_CUDA
-#define SKIP_WITHOUT_GPU()                                           \
-  do {                                                               \
-    std::string why;                                                 \
-    if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-  } while (0)
-#else
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "this build has no CUDA backend"
-#endif
 
 std::vector<std::pair<int64_t, int64_t>> lens_of(Rng& rng, int B, int64_t lo, int64_t hi) {
   std::vector<std::pair<int64_t, int64_t>> lens;

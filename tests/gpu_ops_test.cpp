@@ -42,6 +42,7 @@
 #include "reference/reference.h"
 #include "support/compare.h"
 #include "support/device_mirror.h"
+#include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/host_tensor.h"
 #include "support/paged_kv.h"
@@ -130,12 +131,6 @@ TEST(GpuOpsJit, MixedDtypeMergeKernelsCompile) {
       }
     }
 }
-
-#define SKIP_WITHOUT_GPU()                                                 \
-  do {                                                                     \
-    std::string why;                                                       \
-    if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-  } while (0)
 
 constexpr double kFold = 16 * 0x1p-24;
 constexpr ComputeTolerance kMergeTolerance{kFold, 1e-5};

@@ -9,6 +9,7 @@
 
 #include "support/attention_case.h"
 #include "support/device_mirror.h"
+#include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
 
@@ -20,16 +21,6 @@ namespace kvattn_test {
 namespace {
 
 using kvattn::DType;
-
-#if KVATTN_WITH_CUDA
-#define SKIP_WITHOUT_GPU()                                               \
-  do {                                                                   \
-    std::string why;                                                     \
-    if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-  } while (0)
-#else
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "this build has no CUDA backend"
-#endif
 
 TEST(GpuPageTable, DeviceResidentIdsMatchTheReference) {
   SKIP_WITHOUT_GPU();

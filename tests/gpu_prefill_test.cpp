@@ -10,6 +10,7 @@
 #include "reference/reference.h"
 #include "support/attention_case.h"
 #include "support/device_mirror.h"
+#include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
 
@@ -22,16 +23,6 @@ namespace {
 
 using kvattn::DType;
 using kvattn::KVLayout;
-
-#if KVATTN_WITH_CUDA
-#define SKIP_WITHOUT_GPU()                                               \
-  do {                                                                   \
-    std::string why;                                                     \
-    if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
-  } while (0)
-#else
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "this build has no CUDA backend"
-#endif
 
 // B requests: kv_len in [kv_lo, kv_hi], qo_len in [1, min(kv_len, qo_hi)] (0 when kv_len is 0).
 std::vector<std::pair<int64_t, int64_t>> prefill_lens(Rng& rng, int B, int64_t kv_lo, int64_t kv_hi,

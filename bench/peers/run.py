@@ -97,8 +97,11 @@ def flashinfer_keys(dcases, pcases):
 
 def build_only(args):
     """--build-only: compile the FlashInfer modules the listed cases need, and nothing else."""
-    import flashinfer  # noqa: F401 - fails here, not inside the build, when it is missing
+    import importlib
+
     import jit_warmup
+
+    print(f"# flashinfer {importlib.import_module('flashinfer').__version__}", flush=True)  # missing: fail here
 
     dcases = load_json(args.decode_list, []) if args.decode_list else []
     pcases = load_json(args.prefill_list, []) if args.prefill_list and args.prefill != "off" else []
