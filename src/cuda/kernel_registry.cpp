@@ -98,6 +98,18 @@ std::vector<Preset> build() {
   }
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
+  // The experimental bulk-copy decode (KVATTN_DECODE_KERNEL=bulk): cp.async.bulk and mbarrier
+  // transaction counts exist from sm_90 on, and a preset's kernels are compiled for every --arch
+  // given, so these live in a preset of their own: `--preset decode-sm90 --arch sm_90a` only.
+  std::vector<RegisteredKernel> bulk;
+  for (int group : {4, 1}) {
+    DecodeKernelConfig c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, group, 16, 0);
+    c.transposed = false;
+    c.bulk = true;
+    c.stages = 3;
+    bulk.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
+  }
+  p.push_back({"decode-sm90", "experimental bulk-copy paged decode, bf16 hd128 groups 4/1 (sm_90a only)", bulk});
   return p;
 }
 
