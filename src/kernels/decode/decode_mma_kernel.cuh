@@ -50,18 +50,33 @@ struct DecodeMmaKernel {
   static __device__ __forceinline__ int page_size(const DecodeParams& p) {
     return PAGE > 0 ? PAGE : p.page_size;
   }
-  // Thread i < kIdsPerTile fetches the i-th page id of the tile (-1 past the range or when out of
-  // range; `bad` records the latter).
-  static __device__ __forceinline__ int32_t fetch_page_id(const DecodeParams& p, int32_t tile0,
-                                                          int32_t kv_end, int32_t page_base, bool& bad) {
+  // Thread i < kIdsPerTile loads the i-th page id of the tile as it is; `pos` gets its position in
+  // kv_indices, or -1 past the range (nothing loaded). Nothing here uses the value, so the load
+  // stays in flight through the tile's math until check_page_id (a check right after the load
+  // made every tile wait for it).
+  static __device__ __forceinline__ int32_t load_page_id(const DecodeParams& p, int32_t tile0,
+                                                         int32_t kv_end, int32_t page_base, int32_t& pos) {
     const int ps = page_size(p);
     const int32_t first = tile0 / ps;
     const int32_t last = (min(tile0 + kTile, kv_end) - 1) / ps;
     const int32_t i = first + int32_t(threadIdx.x);
-    if (threadIdx.x >= kIdsPerTile || tile0 >= kv_end || i > last) return -1;
-    const int32_t id = checked_page(p, page_base + i);
-    bad |= id < 0;
-    return id;
+    pos = (threadIdx.x >= kIdsPerTile || tile0 >= kv_end || i > last) ? -1 : page_base + i;
+    return pos < 0 ? -1 : p.kv_indices[pos];
+  }
+  // The loaded id, or -1 past the range or out of [0, num_pages) (recorded; `bad` set).
+  static __device__ __forceinline__ int32_t check_page_id(const DecodeParams& p, int32_t pos, int32_t id,
+                                                          bool& bad) {
+    if (pos < 0) return -1;
+    if (id >= 0 && id < p.num_pages) return id;
+    report_bad_page(p, pos, id);
+    bad = true;
+    return -1;
+  }
+  static __device__ __forceinline__ int32_t fetch_page_id(const DecodeParams& p, int32_t tile0,
+                                                          int32_t kv_end, int32_t page_base, bool& bad) {
+    int32_t pos;
+    const int32_t id = load_page_id(p, tile0, kv_end, page_base, pos);
+    return check_page_id(p, pos, id, bad);
   }
 
   static __device__ void load_tile(const DecodeParams& p, char* smem, int stage, int32_t tile0,
@@ -303,9 +318,10 @@ struct DecodeMmaKernel {
         load_tile(p, smem, ahead % STAGES, tile_start(ahead), item.kv_end,
                   ring + (ahead % kRing) * kIdsPerTile, item.kv_head);
       cp_async_commit();
-      // Page ids of the tile after that: loaded now, stored after this tile's math.
-      const int32_t next_id = tile + STAGES < n_tiles
-          ? fetch_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, bad) : -1;
+      // Page ids of the tile after that: loaded now, checked and stored after this tile's math.
+      int32_t next_pos = -1;
+      const int32_t next_raw = tile + STAGES < n_tiles
+          ? load_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, next_pos) : -1;
 
       const char* ks_base = smem + (tile % STAGES) * kStageBytes + warp * 16 * kPitchK;
       const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
@@ -313,7 +329,7 @@ struct DecodeMmaKernel {
 
       tile_math(p, item, ks_base, vs_base, qfrag, qs, tok0, head0, kv_len, m, d, acc);
       if (tile + STAGES < n_tiles && threadIdx.x < kIdsPerTile)
-        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = next_id;
+        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = check_page_id(p, next_pos, next_raw, bad);
     }
     cp_async_wait<0>();
     const bool poisoned = __syncthreads_or(bad);
