@@ -93,15 +93,12 @@ TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
   EXPECT_EQ(fp8.name(), "decode_simt_e4m3_qbf16_hd128_g4_p16_f0");
 }
 
-// The experimental bulk-copy kernel: only with KVATTN_DECODE_KERNEL=bulk, only on sm_90+ (the
-// caller's bulk_copies flag) and only for f16/bf16 KV on tensor cores.
-TEST(DecodeConfig, EnvSelectsTheBulkKernelOnlyOnSm90ForHalfPrecisionKV) {
+// The bulk-copy kernel: the default on sm_90+ (the caller's bulk_copies flag) for f16/bf16 KV on
+// tensor cores; KVATTN_DECODE_KERNEL=mma|transposed selects the others, =bulk changes nothing where
+// the device has no bulk copies.
+TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
-  {
-    DecodeKernelEnv env(nullptr);
-    EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
-  }
-  DecodeKernelEnv env("bulk");
+  DecodeKernelEnv env(nullptr);
   auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, /*bulk_copies=*/true);
   EXPECT_TRUE(c.tensor_cores);
   EXPECT_TRUE(c.bulk);
@@ -117,17 +114,29 @@ TEST(DecodeConfig, EnvSelectsTheBulkKernelOnlyOnSm90ForHalfPrecisionKV) {
   EXPECT_TRUE(wide.bulk);
   EXPECT_EQ(wide.threads, 64);  // two warps keep two CTAs per SM at head dim 256
   EXPECT_LE(decode_smem_bytes(wide), 112 * 1024) << wide.name();
-  // Not on devices before sm_90, nor for anything off the tensor-core path.
+  // Not on devices before sm_90 (even when asked for), nor for anything off the tensor-core path.
   auto ampere = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false);
   EXPECT_FALSE(ampere.bulk);
   EXPECT_EQ(ampere.stages, 2);
   EXPECT_EQ(ampere.name(), "decode_mma_bf16_hd128_g4_p16_f0");
-  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0).bulk);
+  {
+    DecodeKernelEnv asked("bulk");
+    EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).bulk);
+    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  }
   EXPECT_FALSE(choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
   EXPECT_FALSE(choose_decode_config(DType::f32, DType::f32, DType::f32, 128, 128, 4, 16, 0, true).bulk);
   EXPECT_FALSE(choose_decode_config(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
   EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
                                     kvattn::kernels::kRope, true).bulk);
+  // KVATTN_DECODE_KERNEL=mma keeps the cp.async kernel on sm_90.
+  {
+    DecodeKernelEnv mma("mma");
+    auto m = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    EXPECT_FALSE(m.bulk);
+    EXPECT_FALSE(m.transposed);
+    EXPECT_EQ(m.name(), "decode_mma_bf16_hd128_g4_p16_f0");
+  }
   // KVATTN_DECODE_BULK_STAGES sets the depth (in the name unless 3).
   {
     DecodeKernelEnv four("4", "KVATTN_DECODE_BULK_STAGES");
@@ -145,7 +154,13 @@ TEST(DecodeConfig, EnvSelectsTheBulkKernelOnlyOnSm90ForHalfPrecisionKV) {
   }
   DecodeKernelEnv bad_stages("5", "KVATTN_DECODE_BULK_STAGES");
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4");
+                      "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
+}
+
+TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
+  DecodeKernelEnv env("fast");
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
+                      "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not 'fast'");
 }
 
 TEST(DecodeConfig, UnsupportedShapesAreErrors) {

@@ -55,12 +55,14 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
   const char* grid = std::getenv("KVATTN_DECODE_GRID");
   c.persistent = grid && std::string(grid) == "workers";
-  // KVATTN_DECODE_KERNEL=transposed selects the transposed tensor-core kernel (f16/bf16 KV).
-  const char* kernel = std::getenv("KVATTN_DECODE_KERNEL");
-  c.transposed = c.tensor_cores && kernel && std::string(kernel) == "transposed";
-  // KVATTN_DECODE_KERNEL=bulk: the experimental bulk-copy kernel (cp.async.bulk exists from sm_90
-  // on: never chosen for an older device), 3 stages unless KVATTN_DECODE_BULK_STAGES says 2 or 4.
-  c.bulk = c.tensor_cores && bulk_copies && kernel && std::string(kernel) == "bulk";
+  // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async;
+  // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements.
+  const char* env = std::getenv("KVATTN_DECODE_KERNEL");
+  const std::string kernel = env ? env : "";
+  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk",
+               "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not '", kernel, "'");
+  c.transposed = c.tensor_cores && kernel == "transposed";
+  c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
   int smem_limit = 110 * 1024;
   if (c.bulk) {
     c.stages = 3;

