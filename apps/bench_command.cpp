@@ -77,6 +77,9 @@ struct DecodeBenchOptions {
   int64_t save_io_kv_mb = 256;
   int workers = 0;  // SchedulerOptions::num_workers; 0: the library's default
   bool via_prefill = false;  // time BatchPrefill (one query per request) instead of BatchDecode
+  bool host_table = false;   // time runs whose page ids were copied from the host at plan()
+  bool no_split = false;     // SchedulerOptions::disable_split_kv
+  int split_size = 0;        // SchedulerOptions::fixed_split_size; 0: the planner decides
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
@@ -119,8 +122,10 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
 };
 
-nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io,
-                               int workers, bool via_prefill) {
+nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOptions& o, double peak_gbps,
+                               kvattn_cli::IoExport* io) {
+  const int iters = o.iters;
+  const bool via_prefill = o.via_prefill;
   using kvattn::DType;
   using kvattn::TensorView;
   const int D = 128, P = c.page_size, B = int(c.lens.size());
@@ -162,7 +167,9 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   plan.head_dim_qk = D;
   plan.q_dtype = DType::bf16;
   plan.page_size = P;
-  plan.scheduler.num_workers = workers;
+  plan.scheduler.num_workers = o.workers;
+  plan.scheduler.disable_split_kv = o.no_split;
+  plan.scheduler.fixed_split_size = o.split_size;
   plan.page_table = {TensorView(indptr.data(), DType::i32, {int64_t(indptr.size())}),
                      TensorView(indices.data(), DType::i32, {pages}),
                      TensorView(last.data(), DType::i32, {int64_t(B)})};
@@ -188,6 +195,10 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
   const double plan_host_table_us = median_plan_us();
   plan.page_table.indices = TensorView(device_indices.ptr, DType::i32, {pages}, kvattn::Device::cuda(0));
   const double plan_us = median_plan_us();
+  if (o.host_table) {  // --host-table: the timed runs read the workspace's copy of the page ids
+    plan.page_table.indices = TensorView(indices.data(), DType::i32, {pages});
+    decode.plan(plan);
+  }
   auto cache_view = [&](int copy) {
     uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
     auto dev = kvattn::Device::cuda(0);
@@ -240,7 +251,9 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, int iters, double peak_
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
           {"plan_host_table_us", plan_host_table_us},
           {"l2_copies", copies}, {"workers", decode.schedule() ? decode.schedule()->num_workers() : 0},
-          {"kernels", via_prefill ? "prefill" : "decode"}};
+          {"kernels", via_prefill ? "prefill" : "decode"}, {"page_ids", o.host_table ? "host" : "device"},
+          {"items", decode.schedule() ? decode.schedule()->num_items() : 0},
+          {"merges", decode.schedule() ? decode.schedule()->num_merges() : 0}};
   if (io) {  // one more run on copy 0, with lse, into a poisoned out; then export everything
     DeviceBuffer<float> lse(size_t(B) * c.num_qo_heads);
     cuda_ok(cudaMemset(out.ptr, 0xff, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");
@@ -284,7 +297,7 @@ void bench_decode(const DecodeBenchOptions& o) {
       if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(), c.heads().c_str(), c.kv_gb());
       continue;
     }
-    auto row = run_decode_case(c, o.iters, 4800.0, io.get(), o.workers, o.via_prefill);
+    auto row = run_decode_case(c, o, 4800.0, io.get());
     if (!json)
       std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us %7.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), row["ms"].get<double>() * 1e3,
@@ -314,6 +327,12 @@ void register_bench_command(CLI::App& app) {
   decode->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
   decode->add_flag("--via-prefill", o.via_prefill,
                    "run each step on the prefill kernels (BatchPrefill, one query per request; no --save-io)");
+  decode->add_flag("--host-table", o.host_table,
+                   "time runs with the page ids given on the host (copied into the workspace by plan()); "
+                   "by default they stay on the device, as serving frameworks keep them");
+  decode->add_flag("--no-split", o.no_split, "planner: one chunk per (request, KV head), no split-KV");
+  decode->add_option("--split-size", o.split_size, "planner: KV chunks of exactly this many tokens")
+      ->check(CLI::Range(0, 1 << 30));
   decode->add_option("--workers", o.workers, "planner workers (default: SMs x resident CTAs of the kernel)")
       ->check(CLI::Range(0, 1 << 20));
   decode->add_flag("--list", o.list, "list the cases (id, shape, KV size) and run nothing; no GPU needed");

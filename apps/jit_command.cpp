@@ -50,7 +50,12 @@ void list(const JitOptions& o) {
     DiskCache disk(cache_dir(o));
     for (const auto& k : p.kernels) {
       std::printf("  %s", k.name.c_str());
+      if (k.min_sm > 0) std::printf(" (sm_%d+)", k.min_sm);
       for (const std::string& arch : o.archs) {
+        if (arch_sm(arch) < k.min_sm) {
+          std::printf("  %s:n/a", arch.c_str());
+          continue;
+        }
         bool cached = std::filesystem::exists(disk.entry_path(kernel_key(k.make(arch))));
         std::printf("  %s:%s", arch.c_str(), cached ? "cached" : "-");
       }

@@ -25,6 +25,7 @@
 #include "cuda/sha256.h"
 #include "kvattn/error.h"
 #include "support/dtype_codec.h"
+#include "support/expect_error.h"
 
 extern char** environ;
 
@@ -115,6 +116,23 @@ TEST(CudaJit, DefaultPresetCompilesForSm90aAndSm80) {
                   r.seconds, r.cubin.size());
     }
   }
+}
+
+// The bulk-copy decode kernels (sm_90+ instructions) are in the default preset for Hopper only; the
+// cp.async kernels that older devices run stay in it for both.
+TEST(CudaJit, BulkDecodeKernelsAreCompiledOnlyForSm90) {
+  auto count = [](const std::string& arch, const std::string& suffix) {
+    int n = 0;
+    for (const KernelSpec& s : preset_specs("default", arch))
+      n += s.name.size() > suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return n;
+  };
+  EXPECT_GT(count("sm_90a", "_bulk"), 0);
+  EXPECT_EQ(count("sm_80", "_bulk"), 0);
+  EXPECT_EQ(count("sm_90a", "_g4_p16_f0"), count("sm_80", "_g4_p16_f0"));  // the mma kernels in both
+  EXPECT_KVATTN_ERROR(arch_sm("sm90"), "invalid arch 'sm90'");
+  EXPECT_EQ(arch_sm("sm_90a"), 90);
+  EXPECT_EQ(arch_sm("sm_86"), 86);
 }
 
 TEST(CudaJit, UnknownPresetNamesTheKnownOnes) {

@@ -52,21 +52,22 @@ TEST(DecodeConfig, SharedMemoryLeavesTwoCtasPerSm) {
     }
 }
 
-// Sets KVATTN_DECODE_KERNEL for one scope and restores what was there (the GPU tests may run in
-// this process with KVATTN_DECODE_KERNEL=transposed).
+// Sets KVATTN_DECODE_KERNEL (or another variable) for one scope and restores what was there (the
+// GPU tests may run in this process with KVATTN_DECODE_KERNEL=transposed or =bulk).
 class DecodeKernelEnv {
  public:
-  explicit DecodeKernelEnv(const char* value) {
-    if (const char* old = std::getenv("KVATTN_DECODE_KERNEL")) saved_ = old, had_ = true;
-    if (value) ::setenv("KVATTN_DECODE_KERNEL", value, 1);
-    else ::unsetenv("KVATTN_DECODE_KERNEL");
+  explicit DecodeKernelEnv(const char* value, const char* name = "KVATTN_DECODE_KERNEL") : name_(name) {
+    if (const char* old = std::getenv(name_)) saved_ = old, had_ = true;
+    if (value) ::setenv(name_, value, 1);
+    else ::unsetenv(name_);
   }
   ~DecodeKernelEnv() {
-    if (had_) ::setenv("KVATTN_DECODE_KERNEL", saved_.c_str(), 1);
-    else ::unsetenv("KVATTN_DECODE_KERNEL");
+    if (had_) ::setenv(name_, saved_.c_str(), 1);
+    else ::unsetenv(name_);
   }
 
  private:
+  const char* name_;
   std::string saved_;
   bool had_ = false;
 };
@@ -90,6 +91,76 @@ TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
   auto fp8 = choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0);
   EXPECT_FALSE(fp8.transposed);  // CUDA cores: the flag does not apply
   EXPECT_EQ(fp8.name(), "decode_simt_e4m3_qbf16_hd128_g4_p16_f0");
+}
+
+// The bulk-copy kernel: the default on sm_90+ (the caller's bulk_copies flag) for f16/bf16 KV on
+// tensor cores; KVATTN_DECODE_KERNEL=mma|transposed selects the others, =bulk changes nothing where
+// the device has no bulk copies.
+TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
+  DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
+  DecodeKernelEnv env(nullptr);
+  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, /*bulk_copies=*/true);
+  EXPECT_TRUE(c.tensor_cores);
+  EXPECT_TRUE(c.bulk);
+  EXPECT_FALSE(c.transposed);
+  EXPECT_EQ(c.stages, 3);
+  EXPECT_EQ(c.threads, 128);
+  EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk");
+  // 3 x 64 x (272 + 272) + q 16 x 272 + 12 barriers: two CTAs (plus 1 KB reserved each) per 228 KB SM.
+  EXPECT_EQ(decode_smem_bytes(c), 108896);
+  EXPECT_LE(2 * (decode_smem_bytes(c) + 1024), 228 * 1024);
+  EXPECT_TRUE(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 1, 16, 0, true).bulk);
+  auto wide = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true);
+  EXPECT_TRUE(wide.bulk);
+  EXPECT_EQ(wide.threads, 64);  // two warps keep two CTAs per SM at head dim 256
+  EXPECT_LE(decode_smem_bytes(wide), 112 * 1024) << wide.name();
+  // Not on devices before sm_90 (even when asked for), nor for anything off the tensor-core path.
+  auto ampere = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false);
+  EXPECT_FALSE(ampere.bulk);
+  EXPECT_EQ(ampere.stages, 2);
+  EXPECT_EQ(ampere.name(), "decode_mma_bf16_hd128_g4_p16_f0");
+  {
+    DecodeKernelEnv asked("bulk");
+    EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).bulk);
+    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  }
+  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_FALSE(choose_decode_config(DType::f32, DType::f32, DType::f32, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_FALSE(choose_decode_config(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
+                                    kvattn::kernels::kRope, true).bulk);
+  // KVATTN_DECODE_KERNEL=mma keeps the cp.async kernel on sm_90.
+  {
+    DecodeKernelEnv mma("mma");
+    auto m = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    EXPECT_FALSE(m.bulk);
+    EXPECT_FALSE(m.transposed);
+    EXPECT_EQ(m.name(), "decode_mma_bf16_hd128_g4_p16_f0");
+  }
+  // KVATTN_DECODE_BULK_STAGES sets the depth (in the name unless 3).
+  {
+    DecodeKernelEnv four("4", "KVATTN_DECODE_BULK_STAGES");
+    auto s4 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    EXPECT_EQ(s4.stages, 4);
+    EXPECT_EQ(s4.threads, 128);
+    EXPECT_EQ(s4.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk_s4");
+    EXPECT_EQ(decode_smem_bytes(s4), 143744);
+  }
+  {
+    DecodeKernelEnv two("2", "KVATTN_DECODE_BULK_STAGES");
+    auto s2 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    EXPECT_EQ(s2.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk_s2");
+    EXPECT_LE(3 * (decode_smem_bytes(s2) + 1024), 228 * 1024);  // three CTAs per SM
+  }
+  DecodeKernelEnv bad_stages("5", "KVATTN_DECODE_BULK_STAGES");
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
+                      "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
+}
+
+TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
+  DecodeKernelEnv env("fast");
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
+                      "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not 'fast'");
 }
 
 TEST(DecodeConfig, UnsupportedShapesAreErrors) {

@@ -23,11 +23,12 @@ std::string DecodeKernelConfig::name() const {
   if (!tensor_cores && tile_tokens != 64) n += "_k" + std::to_string(tile_tokens);
   if (persistent) n += "_persistent";
   if (tensor_cores && transposed) n += "_t";
+  if (tensor_cores && bulk) n += stages == 3 ? std::string("_bulk") : "_bulk_s" + std::to_string(stages);
   return n;
 }
 
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
-                                        int page_size, uint32_t features) {
+                                        int page_size, uint32_t features, bool bulk_copies) {
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU decode kernels (a multiple of 16 up to 256)");
@@ -54,15 +55,30 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
   const char* grid = std::getenv("KVATTN_DECODE_GRID");
   c.persistent = grid && std::string(grid) == "workers";
-  // KVATTN_DECODE_KERNEL=transposed selects the transposed tensor-core kernel (f16/bf16 KV).
-  const char* kernel = std::getenv("KVATTN_DECODE_KERNEL");
-  c.transposed = c.tensor_cores && kernel && std::string(kernel) == "transposed";
+  // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async;
+  // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements.
+  const char* env = std::getenv("KVATTN_DECODE_KERNEL");
+  const std::string kernel = env ? env : "";
+  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk",
+               "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not '", kernel, "'");
+  c.transposed = c.tensor_cores && kernel == "transposed";
+  c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
+  int smem_limit = 110 * 1024;
+  if (c.bulk) {
+    c.stages = 3;
+    if (const char* st = std::getenv("KVATTN_DECODE_BULK_STAGES")) {
+      const std::string v = st;
+      KVATTN_CHECK(v == "2" || v == "3" || v == "4", "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '", v, "'");
+      c.stages = v[0] - '0';
+      smem_limit = 227 * 1024;  // asked for: keep 4 warps even at one CTA per SM if it fits
+    }
+  }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
   // Keep at least two CTAs per SM (about 110 KB of shared memory each on a 228 KB SM): wide rows
   // (f32 KV, head dim 256) take 32-token tiles on the CUDA-core path.
   if (!c.tensor_cores && decode_smem_bytes(c) > 110 * 1024) c.tile_tokens = 32;
   // On tensor cores the same holds with two warps (32-token tiles) for head dims above 128.
-  if (c.tensor_cores && decode_smem_bytes(c) > 110 * 1024) {
+  if (c.tensor_cores && decode_smem_bytes(c) > smem_limit) {
     c.threads = 64;
     c.tile_tokens = kernels::decode::mma_tile_tokens(2);
   }
@@ -70,6 +86,8 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
+  if (c.tensor_cores && c.bulk)
+    return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   if (c.tensor_cores && c.transposed)
     return kernels::decode::mma_t_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   if (c.tensor_cores)
@@ -90,13 +108,14 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   std::string kernel;
   if (c.tensor_cores) {
     kernel = std::string("kvattn::kernels::decode::") +
-             (c.transposed ? "DecodeMmaTKernel<" : "DecodeMmaKernel<") + code(c.kv_dtype) + ", " + code(c.q_dtype) +
-             ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
+             (c.bulk ? "DecodeBulkKernel<" : c.transposed ? "DecodeMmaTKernel<" : "DecodeMmaKernel<") +
+             code(c.kv_dtype) + ", " + code(c.q_dtype) + ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
              std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
              std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
              std::to_string(c.stages) + ", " + std::to_string(c.threads / 32) + ">";
-    spec.source = c.transposed ? "#include \"kernels/decode/decode_mma_t_kernel.cuh\"\n"
-                               : "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
+    spec.source = c.bulk         ? "#include \"kernels/decode/decode_bulk_kernel.cuh\"\n"
+                  : c.transposed ? "#include \"kernels/decode/decode_mma_t_kernel.cuh\"\n"
+                                 : "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
   } else {
     kernel = "kvattn::kernels::decode::DecodeKernel<" + code(c.q_dtype) + ", " + code(c.kv_dtype) +
              ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +

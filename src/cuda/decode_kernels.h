@@ -16,6 +16,9 @@ struct DecodeKernelConfig {
   // Tensor cores only: DecodeMmaTKernel (tokens as MMA rows, heads as columns: half the MMAs per
   // KV byte for groups up to 8), selected by KVATTN_DECODE_KERNEL=transposed.
   bool transposed = false;
+  // Tensor cores only: DecodeBulkKernel (K/V rows by cp.async.bulk completing on mbarriers,
+  // `stages` deep; sm_90+), the default where the device has bulk copies.
+  bool bulk = false;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   int head_dim_qk = 128, head_dim_vo = 128;
   int heads_per_cta = 4;      // query heads of one KV head's group per CTA (blockIdx.y splits the rest)
@@ -27,18 +30,24 @@ struct DecodeKernelConfig {
   // true: one CTA per worker runs the planner's list for that worker; false: one CTA per item.
   bool persistent = false;
 
-  std::string name() const;   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed)
+  // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed, "..._bulk" or "..._bulk_s<stages>"
+  // when bulk, the latter for stages other than 3)
+  std::string name() const;
 };
 
 // The heuristic, from measurements on the H200 (docs/PERFORMANCE.md): tensor cores whenever the KV
 // is f16/bf16, q has the same dtype and RoPE is not fused (the MMA needs both operands in one type;
-// fused RoPE rotates K in f32 on the CUDA-core path); 2 stages of 64 tokens, 4 warps, so three
-// CTAs fit an SM. KVATTN_DECODE_KERNEL=transposed picks the transposed tensor-core kernel (to
-// measure it against the default). Throws kvattn::Error for head dims the GPU kernels do not take
-// (a multiple of 16 up to 256) or a group that does not divide.
+// fused RoPE rotates K in f32 on the CUDA-core path). On tensor cores, when `bulk_copies` (the
+// device is sm_90 or later: DecodeRunner::plan passes it) the bulk-copy kernel, 3 stages of 64
+// tokens, 4 warps, two CTAs per SM (measured 20-30% faster than cp.async on the H200); before
+// sm_90 the cp.async kernel, 2 stages, three CTAs per SM. KVATTN_DECODE_KERNEL=mma|transposed|bulk
+// overrides the tensor-core kernel (bulk only where the device has it), for measurements;
+// KVATTN_DECODE_BULK_STAGES=2|3|4 sets the bulk kernel's depth.
+// Throws kvattn::Error for head dims the GPU kernels do not take (a multiple of 16 up to 256) or a
+// group that does not divide.
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
                                         int head_dim_vo, int group_size, int page_size,
-                                        uint32_t features);
+                                        uint32_t features, bool bulk_copies = false);
 
 int decode_smem_bytes(const DecodeKernelConfig& c);
 KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch);

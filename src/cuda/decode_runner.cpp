@@ -70,7 +70,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int group = pr.num_qo_heads / pr.num_kv_heads;
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
                                                 pr.head_dim_vo, group, pr.page_size,
-                                                pr.variant.features);
+                                                pr.variant.features, /*bulk_copies=*/dev.cc_major >= 9);
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;

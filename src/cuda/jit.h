@@ -33,6 +33,8 @@ const std::vector<std::string>& base_nvrtc_options();
 std::string nvrtc_version();  // "13.0"
 // Throws kvattn::Error unless `arch` is "sm_<digits>[a]" and NVRTC can target it.
 void check_arch(const std::string& arch);
+// The compute capability of an arch name: "sm_90a" -> 90, "sm_80" -> 80 (kvattn::Error if malformed).
+int arch_sm(const std::string& arch);
 
 // SHA-256 (64 hex chars) over the key format version, kvattn's version, NVRTC's version, the hash
 // of every embedded header, the arch, the options and the source.

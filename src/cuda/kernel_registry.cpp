@@ -30,6 +30,9 @@ std::vector<RegisteredKernel> decode_kernels() {
   auto add = [&](DType q, DType kv, int hd, int group, uint32_t features) {
     DecodeKernelConfig c = choose_decode_config(q, kv, q, hd, hd, group, 16, features);
     out.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
+    // What the same problem runs on sm_90+: the bulk-copy kernel.
+    DecodeKernelConfig h = choose_decode_config(q, kv, q, hd, hd, group, 16, features, /*bulk_copies=*/true);
+    if (h.bulk) out.push_back({h.name(), [h](const std::string& arch) { return decode_spec(h, arch); }, 90});
     KernelSpec m = decode_merge_spec(c, "sm_80");
     auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
     if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return decode_merge_spec(c, arch); }});
@@ -119,7 +122,9 @@ const Preset& find_preset(std::string_view name) {
 
 std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch) {
   std::vector<KernelSpec> specs;
-  for (const auto& k : find_preset(preset).kernels) specs.push_back(k.make(arch));
+  const int sm = arch_sm(arch);
+  for (const auto& k : find_preset(preset).kernels)
+    if (sm >= k.min_sm) specs.push_back(k.make(arch));
   return specs;
 }
 

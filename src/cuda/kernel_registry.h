@@ -16,6 +16,7 @@ namespace kvattn::cuda {
 struct RegisteredKernel {
   std::string name;                                     // same as the spec's name
   std::function<KernelSpec(const std::string& arch)> make;
+  int min_sm = 0;  // compiled only for archs from this one on (90: Hopper instructions), 0: any
 };
 
 struct Preset {
@@ -27,6 +28,7 @@ struct Preset {
 const std::vector<Preset>& presets();
 // Throws kvattn::Error naming the known presets when `name` is not one.
 const Preset& find_preset(std::string_view name);
+// The preset's kernels for `arch` ("sm_90a", "sm_80"...), leaving out those whose min_sm is above it.
 std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch);
 
 }  // namespace kvattn::cuda

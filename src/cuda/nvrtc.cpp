@@ -82,11 +82,16 @@ std::string nvrtc_version() {
   return v;
 }
 
-void check_arch(const std::string& arch) {
+int arch_sm(const std::string& arch) {
   static const std::regex form(R"(sm_(\d+)a?)");
   std::smatch m;
   KVATTN_CHECK(std::regex_match(arch, m, form), "invalid arch '", arch,
                "': expected sm_<compute capability>, e.g. sm_90a, sm_80, sm_89");
+  return std::stoi(m[1]);
+}
+
+void check_arch(const std::string& arch) {
+  const int sm = arch_sm(arch);
   static const std::vector<int> supported = [] {
     int n = 0;
     nvrtc_check(nvrtcGetNumSupportedArchs(&n), "nvrtcGetNumSupportedArchs");
@@ -94,7 +99,7 @@ void check_arch(const std::string& arch) {
     nvrtc_check(nvrtcGetSupportedArchs(v.data()), "nvrtcGetSupportedArchs");
     return v;
   }();
-  if (std::find(supported.begin(), supported.end(), std::stoi(m[1])) != supported.end()) return;
+  if (std::find(supported.begin(), supported.end(), sm) != supported.end()) return;
   std::ostringstream os;
   for (int a : supported) os << " sm_" << a;
   detail::throw_error("NVRTC ", nvrtc_version(), " cannot compile for ", arch, "; it supports", os.str());

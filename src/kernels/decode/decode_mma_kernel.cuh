@@ -50,18 +50,33 @@ struct DecodeMmaKernel {
   static __device__ __forceinline__ int page_size(const DecodeParams& p) {
     return PAGE > 0 ? PAGE : p.page_size;
   }
-  // Thread i < kIdsPerTile fetches the i-th page id of the tile (-1 past the range or when out of
-  // range; `bad` records the latter).
-  static __device__ __forceinline__ int32_t fetch_page_id(const DecodeParams& p, int32_t tile0,
-                                                          int32_t kv_end, int32_t page_base, bool& bad) {
+  // Thread i < kIdsPerTile loads the i-th page id of the tile as it is; `pos` gets its position in
+  // kv_indices, or -1 past the range (nothing loaded). Nothing here uses the value, so the load
+  // stays in flight through the tile's math until check_page_id (a check right after the load
+  // made every tile wait for it).
+  static __device__ __forceinline__ int32_t load_page_id(const DecodeParams& p, int32_t tile0,
+                                                         int32_t kv_end, int32_t page_base, int32_t& pos) {
     const int ps = page_size(p);
     const int32_t first = tile0 / ps;
     const int32_t last = (min(tile0 + kTile, kv_end) - 1) / ps;
     const int32_t i = first + int32_t(threadIdx.x);
-    if (threadIdx.x >= kIdsPerTile || tile0 >= kv_end || i > last) return -1;
-    const int32_t id = checked_page(p, page_base + i);
-    bad |= id < 0;
-    return id;
+    pos = (threadIdx.x >= kIdsPerTile || tile0 >= kv_end || i > last) ? -1 : page_base + i;
+    return pos < 0 ? -1 : p.kv_indices[pos];
+  }
+  // The loaded id, or -1 past the range or out of [0, num_pages) (recorded; `bad` set).
+  static __device__ __forceinline__ int32_t check_page_id(const DecodeParams& p, int32_t pos, int32_t id,
+                                                          bool& bad) {
+    if (pos < 0) return -1;
+    if (id >= 0 && id < p.num_pages) return id;
+    report_bad_page(p, pos, id);
+    bad = true;
+    return -1;
+  }
+  static __device__ __forceinline__ int32_t fetch_page_id(const DecodeParams& p, int32_t tile0,
+                                                          int32_t kv_end, int32_t page_base, bool& bad) {
+    int32_t pos;
+    const int32_t id = load_page_id(p, tile0, kv_end, page_base, pos);
+    return check_page_id(p, pos, id, bad);
   }
 
   static __device__ void load_tile(const DecodeParams& p, char* smem, int stage, int32_t tile0,
@@ -89,31 +104,10 @@ struct DecodeMmaKernel {
     }
   }
 
-  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = p.num_qo_heads / p.num_kv_heads;
-    const int head0 = item.kv_head * group + blockIdx.y * GH;
-    const int32_t page_base = p.kv_indptr[item.request];
-    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
-    const int32_t kv_len = n_pages == 0 ? 0
-        : (n_pages - 1) * (PAGE > 0 ? PAGE : p.page_size) + p.kv_last_page_len[item.request];
-    const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
-
-    int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);
-    auto tile_start = [&](int tile) { return item.kv_begin + tile * kTile; };
-    bool bad = false;  // a page id was out of range: the rows come out NaN
-    for (int st = 0; st < STAGES && st < n_tiles; ++st) {
-      const int32_t id = fetch_page_id(p, tile_start(st), item.kv_end, page_base, bad);
-      if (threadIdx.x < kIdsPerTile) ring[st * kIdsPerTile + threadIdx.x] = id;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-      if (st < n_tiles) load_tile(p, smem, st, tile_start(st), item.kv_end, ring + st * kIdsPerTile, item.kv_head);
-      cp_async_commit();
-    }
-    // q rows [16][DQK] in the MMA type; rows past GH are zero.
-    char* qs = smem + kBigBytes;
+  // q rows [16][DQK] in the MMA type at `qs` (pitch kPitchQ); rows past GH are zero. The caller
+  // synchronises before the rows are read.
+  static __device__ __forceinline__ void stage_q(const DecodeParams& p, char* qs, const DeviceWorkItem& item,
+                                                 int head0) {
     for (int i = threadIdx.x; i < 16 * DQK / 2; i += kThreads) {
       const int row = i / (DQK / 2), e = 2 * (i % (DQK / 2));
       float x0 = 0.0f, x1 = 0.0f;
@@ -124,118 +118,103 @@ struct DecodeMmaKernel {
       }
       *reinterpret_cast<uint32_t*>(qs + row * kPitchQ + e * 2) = pack2<DT>(x0, x1);
     }
-    __syncthreads();
-    uint32_t qfrag[kQInRegisters ? DQK / 16 : 1][4];
-    const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
-    if constexpr (kQInRegisters) {
-#pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-    }
+  }
 
+  // The math of one warp's 16 tokens of a tile, whose K rows start at ks_base (pitch kPitchK) and
+  // V rows at vs_base (pitch kPitchV); tok0 is the first token. Updates the warp's online-softmax
+  // state (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel.
+  static __device__ __forceinline__ void tile_math(const DecodeParams& p, const DeviceWorkItem& item,
+                                                   const char* ks_base, const char* vs_base,
+                                                   const uint32_t (&qfrag)[kQInRegisters ? DQK / 16 : 1][4],
+                                                   const char* qs, int32_t tok0, int head0, int32_t kv_len,
+                                                   float (&m)[2], float (&d)[2], float (&acc)[DVO / 8][4]) {
+    const int lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;  // fragment row and column pair
-    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
-    float acc[DVO / 8][4];
+    const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
+    // S = Q K^T for this warp's 16 tokens: two n-tiles of 8 tokens.
+    float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
 #pragma unroll
-    for (int n = 0; n < DVO / 8; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
-
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();  // tile `tile` is visible; the stage loaded next was consumed last round
-      const int ahead = tile + STAGES - 1;
-      if (ahead < n_tiles)
-        load_tile(p, smem, ahead % STAGES, tile_start(ahead), item.kv_end,
-                  ring + (ahead % kRing) * kIdsPerTile, item.kv_head);
-      cp_async_commit();
-      // Page ids of the tile after that: loaded now, stored after this tile's math.
-      const int32_t next_id = tile + STAGES < n_tiles
-          ? fetch_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, bad) : -1;
-
-      const char* ks_base = smem + (tile % STAGES) * kStageBytes + warp * 16 * kPitchK;
-      const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
-      const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
-
-      // S = Q K^T for this warp's 16 tokens: two n-tiles of 8 tokens.
-      float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-      const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
-#pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) {
-        uint32_t b[4];
-        ldmatrix_x4(b, ks_base + k_row * kPitchK + (ks * 16 + k_col) * 2);
-        if constexpr (kQInRegisters) {
-          mma_16816<DT>(s[0], qfrag[ks], b[0], b[1]);
-          mma_16816<DT>(s[1], qfrag[ks], b[2], b[3]);
-        } else {
-          uint32_t a[4];
-          ldmatrix_x4(a, qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-          mma_16816<DT>(s[0], a, b[0], b[1]);
-          mma_16816<DT>(s[1], a, b[2], b[3]);
-        }
-      }
-      // Variant: mask and logit transform per element; rows past GH are padding.
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int row = g + (j >= 2 ? 8 : 0);
-          const int32_t tok = tok0 + n * 8 + 2 * t4 + (j & 1);
-          float x = -INFINITY;
-          if (row < GH && tok < item.kv_end) {
-            LogitCoord c{item.request, head0 + row, 0, tok, kv_len - 1, tok, kv_len};
-            if (Variant::logits_mask(p.variant, c))
-              x = Variant::logits_transform(p.variant, p.variant.sm_scale * s[n][j], c) * kLog2e;
-          }
-          s[n][j] = x;
-          tile_max[j / 2] = fmaxf(tile_max[j / 2], x);
-        }
-      if (Variant::use_softmax(p.variant)) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-          const float m_new = fmaxf(m[r], tile_max[r]);
-          const float scale = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
-          d[r] *= scale;
-#pragma unroll
-          for (int n = 0; n < DVO / 8; ++n) {
-            acc[n][2 * r] *= scale;
-            acc[n][2 * r + 1] *= scale;
-          }
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int j = 2 * r; j < 2 * r + 2; ++j) {
-              s[n][j] = m_new == -INFINITY ? 0.0f : exp2f(s[n][j] - m_new);
-              d[r] += s[n][j];
-            }
-          m[r] = m_new;
-        }
+    for (int ks = 0; ks < DQK / 16; ++ks) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks_base + k_row * kPitchK + (ks * 16 + k_col) * 2);
+      if constexpr (kQInRegisters) {
+        mma_16816<DT>(s[0], qfrag[ks], b[0], b[1]);
+        mma_16816<DT>(s[1], qfrag[ks], b[2], b[3]);
       } else {
+        uint32_t a[4];
+        ldmatrix_x4(a, qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
+        mma_16816<DT>(s[0], a, b[0], b[1]);
+        mma_16816<DT>(s[1], a, b[2], b[3]);
+      }
+    }
+    // Variant: mask and logit transform per element; rows past GH are padding.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = g + (j >= 2 ? 8 : 0);
+        const int32_t tok = tok0 + n * 8 + 2 * t4 + (j & 1);
+        float x = -INFINITY;
+        if (row < GH && tok < item.kv_end) {
+          LogitCoord c{item.request, head0 + row, 0, tok, kv_len - 1, tok, kv_len};
+          if (Variant::logits_mask(p.variant, c))
+            x = Variant::logits_transform(p.variant, p.variant.sm_scale * s[n][j], c) * kLog2e;
+        }
+        s[n][j] = x;
+        tile_max[j / 2] = fmaxf(tile_max[j / 2], x);
+      }
+    if (Variant::use_softmax(p.variant)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = fmaxf(m[r], tile_max[r]);
+        const float scale = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
+        d[r] *= scale;
+#pragma unroll
+        for (int n = 0; n < DVO / 8; ++n) {
+          acc[n][2 * r] *= scale;
+          acc[n][2 * r + 1] *= scale;
+        }
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            s[n][j] = s[n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[n][j] / kLog2e);
+          for (int j = 2 * r; j < 2 * r + 2; ++j) {
+            s[n][j] = m_new == -INFINITY ? 0.0f : exp2f(s[n][j] - m_new);
+            d[r] += s[n][j];
+          }
+        m[r] = m_new;
       }
-      // O += P V, P as the A fragment (16 heads x 16 tokens).
-      uint32_t pa[4] = {pack2<DT>(s[0][0], s[0][1]), pack2<DT>(s[0][2], s[0][3]),
-                        pack2<DT>(s[1][0], s[1][1]), pack2<DT>(s[1][2], s[1][3])};
-      const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
+    } else {
 #pragma unroll
-      for (int dn = 0; dn < DVO / 16; ++dn) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vs_base + v_row * kPitchV + (dn * 16 + v_col) * 2);
-        mma_16816<DT>(acc[2 * dn], pa, b[0], b[1]);
-        mma_16816<DT>(acc[2 * dn + 1], pa, b[2], b[3]);
-      }
-      if (tile + STAGES < n_tiles && threadIdx.x < kIdsPerTile)
-        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = next_id;
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          s[n][j] = s[n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[n][j] / kLog2e);
     }
-    cp_async_wait<0>();
-    const bool poisoned = __syncthreads_or(bad);
+    // O += P V, P as the A fragment (16 heads x 16 tokens).
+    uint32_t pa[4] = {pack2<DT>(s[0][0], s[0][1]), pack2<DT>(s[0][2], s[0][3]),
+                      pack2<DT>(s[1][0], s[1][1]), pack2<DT>(s[1][2], s[1][3])};
+    const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
+#pragma unroll
+    for (int dn = 0; dn < DVO / 16; ++dn) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs_base + v_row * kPitchV + (dn * 16 + v_col) * 2);
+      mma_16816<DT>(acc[2 * dn], pa, b[0], b[1]);
+      mma_16816<DT>(acc[2 * dn + 1], pa, b[2], b[3]);
+    }
+  }
 
+  // Merges the warps' states through shared memory (aliasing the K/V stages, so every warp must be
+  // done with them) and writes the rows out, or a split row's partial state to the workspace.
+  static __device__ __forceinline__ void merge_and_store(const DecodeParams& p, char* smem,
+                                                         const DeviceWorkItem& item, int head0, int group,
+                                                         float (&m)[2], float (&d)[2],
+                                                         float (&acc)[DVO / 8][4], bool poisoned) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t4 = lane % 4;
     // Merge the warps' states: per warp m[16], d[16], acc[16][DVO] in shared memory.
     float* mw = reinterpret_cast<float*>(smem);
     float* dw = mw + WARPS * 16;
@@ -289,6 +268,73 @@ struct DecodeMmaKernel {
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
+  }
+
+  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = p.num_qo_heads / p.num_kv_heads;
+    const int head0 = item.kv_head * group + blockIdx.y * GH;
+    const int32_t page_base = p.kv_indptr[item.request];
+    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
+    const int32_t kv_len = n_pages == 0 ? 0
+        : (n_pages - 1) * (PAGE > 0 ? PAGE : p.page_size) + p.kv_last_page_len[item.request];
+    const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
+
+    int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);
+    auto tile_start = [&](int tile) { return item.kv_begin + tile * kTile; };
+    bool bad = false;  // a page id was out of range: the rows come out NaN
+    for (int st = 0; st < STAGES && st < n_tiles; ++st) {
+      const int32_t id = fetch_page_id(p, tile_start(st), item.kv_end, page_base, bad);
+      if (threadIdx.x < kIdsPerTile) ring[st * kIdsPerTile + threadIdx.x] = id;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < n_tiles) load_tile(p, smem, st, tile_start(st), item.kv_end, ring + st * kIdsPerTile, item.kv_head);
+      cp_async_commit();
+    }
+    char* qs = smem + kBigBytes;
+    stage_q(p, qs, item, head0);
+    __syncthreads();
+    uint32_t qfrag[kQInRegisters ? DQK / 16 : 1][4];
+    const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
+    if constexpr (kQInRegisters) {
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
+    }
+
+    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
+    float acc[DVO / 8][4];
+#pragma unroll
+    for (int n = 0; n < DVO / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // tile `tile` is visible; the stage loaded next was consumed last round
+      const int ahead = tile + STAGES - 1;
+      if (ahead < n_tiles)
+        load_tile(p, smem, ahead % STAGES, tile_start(ahead), item.kv_end,
+                  ring + (ahead % kRing) * kIdsPerTile, item.kv_head);
+      cp_async_commit();
+      // Page ids of the tile after that: loaded now, checked and stored after this tile's math.
+      int32_t next_pos = -1;
+      const int32_t next_raw = tile + STAGES < n_tiles
+          ? load_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, next_pos) : -1;
+
+      const char* ks_base = smem + (tile % STAGES) * kStageBytes + warp * 16 * kPitchK;
+      const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
+      const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
+
+      tile_math(p, item, ks_base, vs_base, qfrag, qs, tok0, head0, kv_len, m, d, acc);
+      if (tile + STAGES < n_tiles && threadIdx.x < kIdsPerTile)
+        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = check_page_id(p, next_pos, next_raw, bad);
+    }
+    cp_async_wait<0>();
+    const bool poisoned = __syncthreads_or(bad);
+
+    merge_and_store(p, smem, item, head0, group, m, d, acc, poisoned);
   }
 };
 

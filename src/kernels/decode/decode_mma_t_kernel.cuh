@@ -164,9 +164,10 @@ struct DecodeMmaTKernel {
         Base::load_tile(p, smem, ahead % STAGES, tile_start(ahead), item.kv_end,
                         ring + (ahead % kRing) * kIdsPerTile, item.kv_head);
       cp_async_commit();
-      // Page ids of the tile after that: loaded now, stored after this tile's math.
-      const int32_t next_id = tile + STAGES < n_tiles
-          ? Base::fetch_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, bad) : -1;
+      // Page ids of the tile after that: loaded now, checked and stored after this tile's math.
+      int32_t next_pos = -1;
+      const int32_t next_raw = tile + STAGES < n_tiles
+          ? Base::load_page_id(p, tile_start(tile + STAGES), item.kv_end, page_base, next_pos) : -1;
 
       const char* ks_base = smem + (tile % STAGES) * kStageBytes + warp * 16 * kPitchK;
       const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
@@ -263,7 +264,8 @@ struct DecodeMmaTKernel {
         for (int nt = 0; nt < kNT; ++nt) mma_16816<DT>(acc[dm][nt], a, pb[nt][0], pb[nt][1]);
       }
       if (tile + STAGES < n_tiles && threadIdx.x < kIdsPerTile)
-        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = next_id;
+        ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] =
+            Base::check_page_id(p, next_pos, next_raw, bad);
     }
     cp_async_wait<0>();
     const bool poisoned = __syncthreads_or(bad);

@@ -64,14 +64,17 @@ struct DecodeParams {
 // nothing is read through it, the first such id is recorded in p.error (BatchDecode::
 // check_errors() reports it), and the caller poisons its rows with NaN. Page tables that live on
 // the device are never checked on the host, so this is their only guard.
-__device__ __forceinline__ int32_t checked_page(const DecodeParams& p, int32_t pos) {
-  const int32_t id = p.kv_indices[pos];
-  if (id >= 0 && id < p.num_pages) return id;
+__device__ __forceinline__ void report_bad_page(const DecodeParams& p, int32_t pos, int32_t id) {
   if (atomicCAS(p.error, 0, 1) == 0) {
     p.error[1] = pos;
     p.error[2] = id;
     p.error[3] = p.num_pages;
   }
+}
+__device__ __forceinline__ int32_t checked_page(const DecodeParams& p, int32_t pos) {
+  const int32_t id = p.kv_indices[pos];
+  if (id >= 0 && id < p.num_pages) return id;
+  report_bad_page(p, pos, id);
   return -1;
 }
 #endif

@@ -31,4 +31,12 @@ constexpr int mma_t_smem_bytes(int dqk, int dvo, int stages, int warps) {
          16 * odd_chunks(dqk * 2) * 16 + (stages + 1) * (mma_tile_tokens(warps) + 1) * 4;
 }
 
+// Tensor-core kernel with bulk copies (DecodeBulkKernel, experimental): the same padded K/V stages
+// (or merge buffers) and q, and one 8-byte mbarrier per stage and warp instead of the page-id ring.
+constexpr int bulk_smem_bytes(int dqk, int dvo, int stages, int warps) {
+  return max_of(stages * mma_tile_tokens(warps) * (odd_chunks(dqk * 2) + odd_chunks(dvo * 2)) * 16,
+                warps * 16 * (dvo + 2) * 4) +
+         16 * odd_chunks(dqk * 2) * 16 + stages * warps * 8;
+}
+
 }  // namespace kvattn::kernels::decode
