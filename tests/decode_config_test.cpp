@@ -164,12 +164,12 @@ TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
                       "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not 'fast'");
 }
 
-// Split rows fold inside the decode kernel unless KVATTN_DECODE_MERGE=kernel asks for the
-// separate merge kernel; other values are errors.
-TEST(DecodeConfig, SplitRowsFoldInKernelUnlessAskedOtherwise) {
+// Split rows fold in the separate merge kernel unless KVATTN_DECODE_MERGE=fold asks for the
+// in-kernel fold; other values are errors.
+TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {
   {
     DecodeKernelEnv env(nullptr, "KVATTN_DECODE_MERGE");
-    EXPECT_TRUE(decode_folds_in_kernel());
+    EXPECT_FALSE(decode_folds_in_kernel());
   }
   {
     DecodeKernelEnv env("fold", "KVATTN_DECODE_MERGE");

@@ -89,7 +89,7 @@ bool decode_folds_in_kernel() {
   const char* env = std::getenv("KVATTN_DECODE_MERGE");
   const std::string v = env ? env : "";
   KVATTN_CHECK(v.empty() || v == "fold" || v == "kernel", "KVATTN_DECODE_MERGE is fold or kernel, not '", v, "'");
-  return v != "kernel";
+  return v == "fold";
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
