@@ -155,9 +155,10 @@ TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
   }
 }
 
-// Split rows are folded by the last CTA of each (merge entry, head chunk), which resets the entry's
-// counter for the next run: several runs on one plan, each into fresh poison, must all write every
-// row, identically. Covers tensor-core and CUDA-core kernels, two head chunks (MQA 32/1: 16 heads
+// Split rows, folded by the merge kernel (default) or, with KVATTN_DECODE_MERGE=fold (gpu-check runs
+// that too), by the last CTA of each (merge entry, head chunk), which resets the entry's counter for
+// the next run: several runs on one plan, each into fresh poison, must all write every row,
+// identically. Covers tensor-core and CUDA-core kernels, two head chunks (MQA 32/1: 16 heads
 // per CTA), and the plain sum of sigmoid attention.
 TEST(GpuDecode, SplitRowsFoldOnEveryRun) {
   SKIP_WITHOUT_GPU();
