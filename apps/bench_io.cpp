@@ -217,6 +217,52 @@ void export_prefill_case(IoExport& io, const PrefillCaseIo& c) {
   entry["arrays"] = std::move(arrays);
   io.add_case(std::move(entry));
 }
+
+void export_cascade_case(IoExport& io, const CascadeCaseIo& c) {
+  const std::string dir = io.case_dir(c.id);
+  const int64_t rows = c.batch * c.num_qo_heads, D = c.head_dim;
+  nlohmann::json arrays;
+  auto ints = [&](const std::string& name, const std::vector<int32_t>& v) {
+    arrays[name] = io.array(dir + name + ".npy", "i32", {int64_t(v.size())}, v.data(), v.size() * 4);
+  };
+  auto bf16 = [&](const char* name, const uint16_t* src) {
+    arrays[name] = io.array(dir + name + ".npy", "bf16", {c.batch, c.num_qo_heads, D},
+                            to_host(src, size_t(rows * D)).data(), size_t(rows * D) * 2);
+  };
+  auto f32 = [&](const char* name, const float* src) {
+    arrays[name] = io.array(dir + name + ".npy", "f32", {c.batch, c.num_qo_heads}, to_host(src, size_t(rows)).data(),
+                            size_t(rows) * 4);
+  };
+  bf16("q", c.q);
+  const std::vector<int64_t> cache_shape{c.num_pages, c.page_size, c.num_kv_heads, D};
+  const size_t cache_elems = size_t(c.num_pages * c.page_size * c.num_kv_heads * D);
+  for (const char* name : {"k_cache", "v_cache"}) {
+    const uint16_t* src = std::string(name) == "k_cache" ? c.k_cache : c.v_cache;
+    if (int64_t(2 * cache_elems * 2) <= io.kv_limit_bytes())
+      arrays[name] = io.array(dir + name + ".npy", "bf16", cache_shape, to_host(src, cache_elems).data(), cache_elems * 2);
+    else  // too big to export: readers regenerate it (the manifest's "generator")
+      arrays[name] = {{"file", nullptr}, {"dtype", "bf16"}, {"shape", cache_shape}};
+  }
+  // level0_*, level1_*: the cascade's tables (FlashInfer's qo_indptr_arr, paged_kv_indptr_arr, ...);
+  // kv_*: the flat tables, named as in a decode case.
+  for (auto [prefix, t] : {std::pair{std::string("level0_"), c.level0}, std::pair{std::string("level1_"), c.level1}}) {
+    ints(prefix + "qo_indptr", t->qo_indptr);
+    ints(prefix + "kv_indptr", t->indptr);
+    ints(prefix + "kv_indices", t->indices);
+    ints(prefix + "kv_last_page_len", t->last_page_len);
+  }
+  ints("kv_indptr", c.flat->indptr);
+  ints("kv_indices", c.flat->indices);
+  ints("kv_last_page_len", c.flat->last_page_len);
+  bf16("out", c.out);
+  f32("lse", c.lse);
+  bf16("flat_out", c.flat_out);
+  f32("flat_lse", c.flat_lse);
+  nlohmann::json entry = c.fields;
+  entry["id"] = c.id;
+  entry["arrays"] = std::move(arrays);
+  io.add_case(std::move(entry));
+}
 #endif
 
 }  // namespace kvattn_cli

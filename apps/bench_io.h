@@ -55,7 +55,8 @@ class IoExport {
  public:
   // Creates `dir` (and parents). kv_limit_bytes: a case's K and V caches are written only when
   // together at most this big, and a prefill case's q only when at most this big (the Python
-  // side regenerates larger ones; decode's q, index arrays, out and lse are always written).
+  // side regenerates larger ones; decode's and cascade's q, index arrays, out and lse are always
+  // written).
   IoExport(std::string dir, std::string tool, int64_t kv_limit_bytes);
 
   int64_t kv_limit_bytes() const { return kv_limit_bytes_; }
@@ -71,6 +72,12 @@ class IoExport {
   std::string dir_;
   int64_t kv_limit_bytes_;
   nlohmann::json manifest_;
+};
+
+// A page table on the host (int32; SEMANTICS.md, "Paged KV cache"), with the qo_indptr of the
+// queries that attend through it.
+struct IoPageTable {
+  std::vector<int32_t> qo_indptr, indptr, indices, last_page_len;
 };
 
 #if KVATTN_WITH_CUDA
@@ -106,6 +113,21 @@ struct PrefillCaseIo {
                        *page_ids = nullptr, *last_page_len = nullptr;
 };
 void export_prefill_case(IoExport& io, const PrefillCaseIo& c);
+
+// One cascade case (two levels over one paged cache): its manifest fields, the device tensors
+// (q [B, Hq, D], the NHD caches [num_pages, page_size, Hkv, D]; out, flat_out [B, Hq, D] bf16,
+// lse, flat_lse [B, Hq] f32: the cascade's and plain decode's) and the host page tables of level
+// 0 (the shared prefix: qo_indptr [0, B], one request), level 1 (each request's suffix) and flat
+// (each request's whole list: prefix pages, then its suffix pages).
+struct CascadeCaseIo {
+  std::string id;
+  nlohmann::json fields;
+  int64_t batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0, num_pages = 0, page_size = 0;
+  const uint16_t *q = nullptr, *k_cache = nullptr, *v_cache = nullptr, *out = nullptr, *flat_out = nullptr;
+  const float *lse = nullptr, *flat_lse = nullptr;
+  const IoPageTable *level0 = nullptr, *level1 = nullptr, *flat = nullptr;
+};
+void export_cascade_case(IoExport& io, const CascadeCaseIo& c);
 #endif
 
 }  // namespace kvattn_cli

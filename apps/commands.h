@@ -42,3 +42,5 @@ void register_plan_command(CLI::App& app);
 void register_bench_command(CLI::App& app);
 // `kvattn bench prefill`, registered on the bench subcommand (apps/bench_prefill.cpp).
 void register_bench_prefill(CLI::App& bench);
+// `kvattn bench cascade`, registered on the bench subcommand (apps/bench_cascade.cpp).
+void register_bench_cascade(CLI::App& bench);

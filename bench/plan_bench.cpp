@@ -115,6 +115,20 @@ void BM_PlanDecodeScaling(benchmark::State& s) {
   run_plan(s, b, workers(132));
 }
 
+// The decode benchmark's batches (kvattn bench decode, issue 4's plan() target) on the H200's
+// default decode grid: 132 SMs x 2 CTAs of the bulk-copy kernel.
+void BM_PlanDecodeBench(benchmark::State& s, std::vector<int32_t> lens) {
+  auto b = decode_batch(std::move(lens));
+  run_plan(s, b, workers(264));
+}
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, b1_l32768, std::vector<int32_t>(1, 32768));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, b16_l4096, std::vector<int32_t>(16, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, b64_l4096, std::vector<int32_t>(64, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l4096, std::vector<int32_t>(256, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l32768, std::vector<int32_t>(256, 32768));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));
+
 BENCHMARK(BM_PlanDecode256_Uniform512to16k);
 BENCHMARK(BM_PlanDecode256_Zipf4k);
 BENCHMARK(BM_PlanDecode256_OneLong);

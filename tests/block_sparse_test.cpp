@@ -168,5 +168,72 @@ TEST(BlockSparse, Variants) {
     }
 }
 
+// What BlockSparseAttention on the GPU runs (core/block_sparse_gpu.h): a paged prefill where block
+// row r is a request of R queries whose pages are its column blocks, C tokens each (last page
+// full), over k and v viewed as [N / C, C, Hkv, D]. For variants that do not read positions it is
+// the same attention: checked here on the CPU backend, bit for bit.
+TEST(BlockSparse, IsAPagedPrefillOfColumnBlocks) {
+  const std::array<int64_t, 4> shapes[] = {{12, 30, 3, 5}, {32, 64, 16, 1}, {8, 128, 1, 16}, {16, 0, 4, 4}};
+  for (auto [M, N, R, C] : shapes)
+    for (const auto& var : {kvattn::variants::plain(), kvattn::variants::soft_cap(3.0f), kvattn::variants::sigmoid(0.5f)}) {
+      KVATTN_CASE_RNG(rng);
+      SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N) + " R x C " + std::to_string(R) + " x " +
+                   std::to_string(C) + " " + var.describe());
+      std::vector<int32_t> indptr{0}, indices, last;
+      for (int64_t br = 0; br < M / R; ++br) {
+        std::vector<int32_t> cols;
+        for (int32_t j = 0; j < N / C; ++j)
+          if (br != 1 && rng.coin(0.5)) cols.push_back(j);
+        rng.shuffle(cols);
+        indices.insert(indices.end(), cols.begin(), cols.end());
+        indptr.push_back(int32_t(indices.size()));
+        last.push_back(cols.empty() ? 0 : int32_t(C));
+      }
+      std::vector<int32_t> qo_indptr;
+      for (int64_t br = 0; br <= M / R; ++br) qo_indptr.push_back(int32_t(br * R));
+      HostTensor q = HostTensor::strided(DType::bf16, {M, 4, 32}), k = HostTensor::strided(DType::bf16, {N, 2, 32}),
+                 v = HostTensor::strided(DType::bf16, {N, 2, 32});
+      for (HostTensor* t : {&q, &k, &v})
+        t->for_each([&](int64_t off, const std::vector<int64_t>&) { t->set_at(off, rng.uniform(-2, 2)); });
+      HostTensor out_bsr(DType::f32, {M, 4, 32}), out_paged(DType::f32, {M, 4, 32}), lse_bsr(DType::f32, {M, 4}),
+          lse_paged(DType::f32, {M, 4});
+      for (HostTensor* t : {&out_bsr, &out_paged, &lse_bsr, &lse_paged}) t->poison();
+      const bool want_lse = !var.sigmoid;
+      kvattn::AttentionShape shape;
+      shape.num_qo_heads = 4;
+      shape.num_kv_heads = 2;
+      shape.head_dim_qk = 32;
+      shape.o_dtype = DType::f32;
+      shape.variant = var;
+
+      HostTensor indptr_t = int32_tensor(indptr), indices_t = int32_tensor(indices), last_t = int32_tensor(last),
+                 qo_t = int32_tensor(qo_indptr);
+      kvattn::BlockSparsePlan bp;
+      static_cast<kvattn::AttentionShape&>(bp) = shape;
+      bp.bsr = {indptr_t.view(), indices_t.view(), M, N, R, C};
+      kvattn::BlockSparseAttention bsr;
+      bsr.plan(bp);
+      bsr.run(q.view(), k.view(), v.view(), out_bsr.view(), want_lse ? lse_bsr.view() : kvattn::TensorView{});
+
+      kvattn::BatchPrefillPlan pp;
+      static_cast<kvattn::AttentionShape&>(pp) = shape;
+      pp.qo_indptr = qo_t.view();
+      pp.page_table = kvattn::PageTable{indptr_t.view(), indices_t.view(), last_t.view()};
+      pp.page_size = int(C);
+      auto as_pages = [&](const HostTensor& t) {
+        const kvattn::TensorView x = t.view();
+        const int64_t shape4[4] = {N / C, C, x.size(1), x.size(2)};
+        const int64_t strides4[4] = {C * x.stride(0), x.stride(0), x.stride(1), x.stride(2)};
+        return kvattn::TensorView(x.data(), x.dtype(), 4, shape4, strides4);
+      };
+      kvattn::BatchPrefill paged;
+      paged.plan(pp);
+      paged.run(q.view(), kvattn::PagedKVCache::split(as_pages(k), as_pages(v), kvattn::KVLayout::NHD),
+                out_paged.view(), want_lse ? lse_paged.view() : kvattn::TensorView{});
+      EXPECT_TRUE(out_bsr.same_bytes(out_paged.snapshot())) << "outputs differ";
+      EXPECT_TRUE(lse_bsr.same_bytes(lse_paged.snapshot())) << "lse differ";
+    }
+}
+
 }  // namespace
 }  // namespace kvattn_test

@@ -15,6 +15,7 @@ namespace {
 using kvattn::DType;
 using kvattn::cuda::choose_decode_config;
 using kvattn::cuda::decode_smem_bytes;
+using kvattn::cuda::decode_folds_in_kernel;
 
 TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQ) {
   auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
@@ -161,6 +162,25 @@ TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
   DecodeKernelEnv env("fast");
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
                       "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not 'fast'");
+}
+
+// Split rows fold in the separate merge kernel unless KVATTN_DECODE_MERGE=fold asks for the
+// in-kernel fold; other values are errors.
+TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {
+  {
+    DecodeKernelEnv env(nullptr, "KVATTN_DECODE_MERGE");
+    EXPECT_FALSE(decode_folds_in_kernel());
+  }
+  {
+    DecodeKernelEnv env("fold", "KVATTN_DECODE_MERGE");
+    EXPECT_TRUE(decode_folds_in_kernel());
+  }
+  {
+    DecodeKernelEnv env("kernel", "KVATTN_DECODE_MERGE");
+    EXPECT_FALSE(decode_folds_in_kernel());
+  }
+  DecodeKernelEnv env("later", "KVATTN_DECODE_MERGE");
+  EXPECT_KVATTN_ERROR(decode_folds_in_kernel(), "KVATTN_DECODE_MERGE is fold or kernel, not 'later'");
 }
 
 TEST(DecodeConfig, UnsupportedShapesAreErrors) {

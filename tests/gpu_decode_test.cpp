@@ -155,6 +155,34 @@ TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
   }
 }
 
+// Split rows, folded by the merge kernel (default) or, with KVATTN_DECODE_MERGE=fold (gpu-check runs
+// that too), by the last CTA of each (merge entry, head chunk), which resets the entry's counter for
+// the next run: several runs on one plan, each into fresh poison, must all write every row,
+// identically. Covers tensor-core and CUDA-core kernels, two head chunks (MQA 32/1: 16 heads
+// per CTA), and the plain sum of sigmoid attention.
+TEST(GpuDecode, SplitRowsFoldOnEveryRun) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    DType kv;
+    int qo_heads, kv_heads;
+    kvattn::Variant variant;
+  };
+  for (const Shape& sh : {Shape{DType::bf16, 8, 2, {}}, Shape{DType::bf16, 32, 1, {}},
+                          Shape{DType::e4m3, 8, 2, {}}, Shape{DType::bf16, 8, 2, kvattn::variants::sigmoid(-1.0f)}}) {
+    KVATTN_CASE_RNG(rng);
+    AttnCase c = gpu_case(DType::bf16, sh.kv);
+    c.lens = {{1, 3000}, {1, 1}, {1, 700}, {1, 0}, {1, 1500}};
+    c.num_qo_heads = sh.qo_heads;
+    c.num_kv_heads = sh.kv_heads;
+    c.head_dim_qk = 128;
+    c.page_size = 16;
+    c.variant = sh.variant;
+    c.scheduler.fixed_split_size = 256;
+    c.runs = 4;
+    run_decode_case(c, rng);
+  }
+}
+
 TEST(GpuDecode, StridedQueriesAndOutputs) {
   SKIP_WITHOUT_GPU();
   // Padded q/out/lse strides are fine; the KV rows must stay 16-byte aligned (next test).

@@ -102,7 +102,7 @@ class PrefillVariantEnv : public ::testing::Test {
 };
 
 TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
-  for (const char* v : {"m2k32", "m2k64", "m1k64", "m2w8"}) {
+  for (const char* v : {"m2k32", "m2k64", "m1k64", "m2w8", "m2k48"}) {
     set(v);
     for (int hd : {64, 128, 256})
       for (DType kv : {DType::bf16, DType::e4m3}) {

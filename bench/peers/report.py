@@ -16,7 +16,11 @@ PREFILL_PEERS = ["flashinfer-fa2-ragged", "flashinfer-fa3-ragged", "flashinfer-f
 LABELS = {"kvattn": "kvattn", "flashinfer-cuda-core": "FI CUDA-core", "flashinfer-tensor-core": "FI tensor-core",
           "torch-sdpa-fa2": "SDPA FA2", "cudnn": "cuDNN", "flex": "Flex",
           "flashinfer-fa2-ragged": "FI fa2 ragged", "flashinfer-fa3-ragged": "FI fa3 ragged",
-          "flashinfer-fa2-paged": "FI fa2 paged", "flashinfer-fa3-paged": "FI fa3 paged"}
+          "flashinfer-fa2-paged": "FI fa2 paged", "flashinfer-fa3-paged": "FI fa3 paged",
+          "kvattn-flat": "kvattn flat", "flashinfer-cascade": "FI cascade",
+          "flashinfer-flat-cuda-core": "FI flat CUDA-core", "flashinfer-flat-tensor-core": "FI flat tensor-core"}
+CASCADE_PEERS = ["flashinfer-cascade", "flashinfer-flat-cuda-core", "flashinfer-flat-tensor-core"]
+FLAT_PATH = {"flashinfer-flat-cuda-core": "CUDA-core", "flashinfer-flat-tensor-core": "tensor-core"}
 REL_ERR_OK = 2e-2  # bf16 output: a few units of 2^-8 relative to the largest |out|
 
 
@@ -124,6 +128,44 @@ def skew_table(rows):
     return lines
 
 
+def us(r):
+    v = metric(r, "ms")
+    return None if v is None else v * 1e3
+
+
+def cascade_table(rows):
+    """Shared-prefix decode: times (us) of kvattn's cascade and flat decode, FlashInfer's cascade and
+    its best flat decode (CUDA-core or tensor-core), and kvattn's cascade against the fastest peer."""
+    cases = by_case(rows, "cascade")
+    if not cases:
+        return [], []
+    head = ["case", "heads", "kvattn cascade us", "kvattn flat us", "kvattn flat / cascade", "FI cascade us",
+            "FI flat decode us", "best peer", "kvattn cascade / best", "kvattn err", "others' worst err"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
+    behind = []
+    for impls in cases.values():
+        k, any_row = impls.get("kvattn"), next(iter(impls.values()))
+        kc, kf = us(k), us(impls.get("kvattn-flat"))
+        flat = [(p, us(impls.get(p))) for p in CASCADE_PEERS[1:] if us(impls.get(p)) is not None]
+        fi_flat = min(flat, key=lambda x: x[1]) if flat else None
+        peers = [(p, us(impls.get(p))) for p in CASCADE_PEERS if us(impls.get(p)) is not None]
+        best = min(peers, key=lambda x: x[1]) if peers else None
+        ratio = best[1] / kc if kc and best else None  # above 1: kvattn's cascade is faster
+        errs = [impls[p] for p in ["kvattn-flat"] + CASCADE_PEERS if p in impls and impls[p].get("rel_err") is not None]
+        worst = max(errs, key=lambda r: r["rel_err"]) if errs else None
+        cells = [any_row["case"], any_row["heads"], fmt(kc, 1), fmt(kf, 1),
+                 f"{kf / kc:.2f}" if kc and kf else "-", fmt(us(impls.get("flashinfer-cascade")), 1),
+                 f"{fmt(fi_flat[1], 1)} ({FLAT_PATH[fi_flat[0]]})" if fi_flat else "-",
+                 LABELS[best[0]] if best else "-",
+                 (f"**{ratio:.2f}**" if ratio < 1 else f"{ratio:.2f}") if ratio is not None else "-",
+                 err_cell(k), f"{err_cell(worst)} ({LABELS[worst['impl']]})" if worst else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+        if ratio is not None and ratio < 1:
+            behind.append(f"- cascade {any_row['case']} ({any_row['heads']}): kvattn's cascade {kc:,.1f} us = "
+                          f"{ratio:.2f}x {LABELS[best[0]]} ({best[1]:,.1f} us)")
+    return lines, behind
+
+
 def write_table(res, path):
     rows, meta = res["rows"], res.get("meta", {})
     out = ["# kvattn side by side with its peers", ""]
@@ -141,7 +183,11 @@ def write_table(res, path):
     p, behind_p = table(rows, "prefill", "TFLOPs", "TFLOP/s", PREFILL_PEERS)
     if p:
         out += ["", "## Prefill (TFLOP/s: 4 x visible pairs x Hq x D over the median time)", ""] + p
-    behind = behind_d + behind_p
+    c, behind_c = cascade_table(rows)
+    if c:
+        out += ["", "## Shared-prefix decode, 2-level cascade (median us; ratios of times, above 1: kvattn's "
+                "cascade faster)", ""] + c
+    behind = behind_d + behind_p + behind_c
     out += ["", "## Where kvattn is behind", ""] + (behind or ["- nowhere in this run"])
     failed = [r for r in rows if r.get("error")]
     if failed:

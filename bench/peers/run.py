@@ -4,7 +4,8 @@ kvattn exported, checks every output against a float64 reference, writes OUT/res
 each case (so a run cut short still leaves its rows), then OUT/table.md and the plots.
 
   python3 bench/peers/run.py --out OUT --decode-io DIR --decode-json FILE [--prefill auto|builtin|off ...]
-  python3 bench/peers/run.py --build-only --decode-list FILE --prefill-list FILE   # FlashInfer JIT only
+                             [--cascade-io DIR --cascade-json FILE]
+  python3 bench/peers/run.py --build-only --decode-list FILE --prefill-list FILE --cascade-list FILE  # JIT only
 """
 import argparse
 import datetime
@@ -19,6 +20,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cascade  # noqa: E402
 import decode  # noqa: E402
 import kvio  # noqa: E402
 import prefill  # noqa: E402
@@ -63,7 +65,7 @@ def log_row(r):
         e += f" |d kvattn| {r['vs_kvattn_max_abs']:.1e}"
     if r.get("error"):
         e = "FAILED " + r["error"][:160]
-    print(f"{r['op']:7} {r['case'][:30]:30} {r['heads']:>5} {r['impl']:24} {t} {rate} {e}", flush=True)
+    print(f"{r['op']:7} {r['case'][:30]:30} {r['heads']:>5} {r['impl']:27} {t} {rate} {e}", flush=True)
 
 
 def kvattn_rows_by_key(path):
@@ -85,9 +87,10 @@ def load_json(path, default):
         return default
 
 
-def flashinfer_keys(dcases, pcases):
-    """jit_warmup module keys for decode cases (head dim 128 unless the case says) and prefill cases."""
-    keys = set()
+def flashinfer_keys(dcases, pcases, ccases=()):
+    """jit_warmup module keys for decode cases (head dim 128 unless the case says), prefill cases
+    and cascade cases."""
+    keys = set(cascade.flashinfer_keys(ccases))
     for c in dcases:
         hd = int(c.get("head_dim_qk") or 128)
         keys |= {f"decode:{hd}", f"fa2:{hd}"}  # CUDA-core decode; the tensor-core path runs fa2 prefill
@@ -111,9 +114,10 @@ def build_only(args):
     pcases = load_json(args.prefill_list, []) if args.prefill_list and args.prefill != "off" else []
     if args.prefill == "builtin" and not pcases:
         pcases = prefill.builtin_cases(args.quick)
-    keys = flashinfer_keys(dcases, pcases)
-    print(f"# --build-only: {len(dcases)} decode and {len(pcases)} prefill cases need {len(keys)} modules: "
-          f"{' '.join(keys)}", flush=True)
+    ccases = load_json(args.cascade_list, []) if args.cascade_list else []
+    keys = flashinfer_keys(dcases, pcases, ccases)
+    print(f"# --build-only: {len(dcases)} decode, {len(pcases)} prefill and {len(ccases)} cascade cases need "
+          f"{len(keys)} modules: {' '.join(keys)}", flush=True)
     if keys:
         jit_warmup.build(keys, log=lambda m: print(m, flush=True))
     return 0
@@ -129,7 +133,9 @@ def main():
                          "builtin: without either, the peers alone on prefill.builtin_cases()")
     ap.add_argument("--prefill-io", help="the folder `kvattn bench prefill --save-io` wrote")
     ap.add_argument("--prefill-json", help="the --json output of `kvattn bench prefill`")
-    ap.add_argument("--iters", type=int, default=30, help="timed runs per decode shape (as kvattn bench)")
+    ap.add_argument("--cascade-io", help="the folder `kvattn bench cascade --save-io` wrote")
+    ap.add_argument("--cascade-json", help="the --json output of the same kvattn run")
+    ap.add_argument("--iters", type=int, default=30, help="timed runs per decode and cascade shape (as kvattn bench)")
     ap.add_argument("--iters-prefill", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="fewer built-in prefill shapes")
     ap.add_argument("--skip-flex", action="store_true", help="no FlexAttention (it compiles per shape)")
@@ -143,6 +149,7 @@ def main():
                     help="only compile the FlashInfer modules that the cases of --decode-list/--prefill-list need")
     ap.add_argument("--decode-list", help="with --build-only: `kvattn bench decode --list --json` output")
     ap.add_argument("--prefill-list", help="with --build-only: `kvattn bench prefill --list --json` output")
+    ap.add_argument("--cascade-list", help="with --build-only: `kvattn bench cascade --list --json` output")
     ap.add_argument("--note", action="append", default=[], help="a line for the table's notes")
     ap.add_argument("--deadline", type=float, default=None,
                     help="a Unix time after which no new case starts (the rest are listed as not run)")
@@ -218,9 +225,26 @@ def main():
     if pcases and not args.no_prefill_reference:
         notes.append(f"prefill errors vs float64 are over {args.ref_rows} query rows spread over each case plus "
                      "each request's first and last row, all heads (bench/peers/prefill.py); |d kvattn| over all rows")
-    res["cases"] = {"decode": len(dcases), "prefill": len(pcases)}
+    ccases, cexp = [], None
+    if args.cascade_io:
+        if os.path.exists(os.path.join(args.cascade_io, "manifest.json")):
+            cexp = kvio.Export(args.cascade_io)
+            crow = kvattn_rows_by_key(args.cascade_json)
+            if args.cascade_json and not crow:
+                notes.append(f"kvattn's --json output {args.cascade_json} is missing or unreadable; "
+                             "kvattn's cascade timings come from the export's manifest")
+            for c in cexp.cases:
+                if c.get("op") == "cascade":
+                    c["row"] = crow.get((c.get("case"), c.get("heads")), c.get("row", {}))
+                    ccases.append(c)
+        else:
+            notes.append(f"cascade: no export in {args.cascade_io} (did kvattn bench cascade --save-io fail?)")
+    for other in (pexp, cexp):  # a run without decode: kvattn's version from another export
+        if res["meta"].get("kvattn") is None and other is not None:
+            res["meta"]["kvattn"] = other.manifest.get("kvattn_version")
+    res["cases"] = {"decode": len(dcases), "prefill": len(pcases), "cascade": len(ccases)}
     res["kvattn_raw"] = {}  # kvattn's own --json output, whole
-    for op, path in (("decode", args.decode_json), ("prefill", args.prefill_json)):
+    for op, path in (("decode", args.decode_json), ("prefill", args.prefill_json), ("cascade", args.cascade_json)):
         if path and os.path.exists(path):
             try:
                 with open(path) as f:
@@ -229,9 +253,9 @@ def main():
                 pass
 
     # ---- FlashInfer's kernels, compiled before anything is timed ----
-    if fi is not None and (dcases or pcases):
+    if fi is not None and (dcases or pcases or ccases):
         import jit_warmup
-        keys = flashinfer_keys(dcases, pcases)
+        keys = flashinfer_keys(dcases, pcases, ccases)
         res["meta"]["flashinfer_jit_s"] = round(jit_warmup.build(keys, log=lambda m: print(m, flush=True)), 1)
 
     def out_of_time(op, case):
@@ -241,9 +265,9 @@ def main():
         res.setdefault("not_run", []).append(f"{op} {case['id']}")
         kr = case.get("row") or {}
         if kr:
-            r = decode.base_row(case, "kvattn") if op == "decode" else \
-                prefill.base_row(case, "kvattn", case.get("kv", "ragged"))
-            r.update({k: kr[k] for k in ("ms", "GBps", "TFLOPs", "pct_of_4800", "plan_us") if k in kr})
+            r = decode.base_row(case, "kvattn") if op == "decode" else cascade.base_row(case, "kvattn") \
+                if op == "cascade" else prefill.base_row(case, "kvattn", case.get("kv", "ragged"))
+            r.update({k: kr[k] for k in ("ms", "GBps", "TFLOPs", "pct_of_4800", "plan_us", "speedup") if k in kr})
             r["note"] = "peers not run (out of time); output not checked"
             res["rows"].append(r)
         return True
@@ -270,6 +294,19 @@ def main():
         except Exception as ex:  # noqa: BLE001
             traceback.print_exc()
             notes.append(f"prefill {c['id']}: {type(ex).__name__}: {ex}"[:400])
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        save()
+
+    # ---- cascade (shared prefix) ----
+    for c in ccases:
+        if out_of_time("cascade", c):
+            continue
+        try:
+            res["rows"] += cascade.run_case(cexp, c, args, fi, log_row)
+        except Exception as ex:  # noqa: BLE001
+            traceback.print_exc()
+            notes.append(f"cascade {c['id']}: {type(ex).__name__}: {ex}"[:400])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         save()

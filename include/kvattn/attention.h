@@ -118,18 +118,25 @@ class BatchPrefill {
 // Block-sparse attention: q [M, Hq, Dqk], k [N, Hkv, Dqk], v [N, Hkv, Dvo]; query row i sees key j
 // iff block (i / R, j / C) is present. Positions for masks, ALiBi and RoPE: key j is at j, query i
 // at i + N - M (bottom-right alignment, as for a single request of qo_len M and kv_len N).
+// On the GPU (a CUDA workspace) it runs on the batch prefill kernels, block row r as a request
+// whose pages are its column blocks, C tokens each; the position-dependent variants (causal,
+// sliding window, ALiBi, fused RoPE) are rejected there by plan() (the CPU backend runs them).
 struct BlockSparsePlan : AttentionShape {
   BSRMatrix bsr;
 };
 
 class BlockSparseAttention {
  public:
+  // The workspace is a byte buffer on the device that runs the kernels; the CPU backend needs none.
   explicit BlockSparseAttention(TensorView workspace = {});
   ~BlockSparseAttention();
   BlockSparseAttention(BlockSparseAttention&&) noexcept;
   BlockSparseAttention& operator=(BlockSparseAttention&&) noexcept;
 
-  void plan(const BlockSparsePlan& params);
+  // With a CUDA workspace, plan() stages the work list and the BSR arrays into it on `stream` (a
+  // cudaStream_t; null: the default stream) and run() only launches (graph-capturable, as
+  // BatchPrefill's; SchedulerOptions::cuda_graph counts block rows as requests, M as tokens).
+  void plan(const BlockSparsePlan& params, void* stream = nullptr);
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;
 

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "core/attention_plan.h"
+#include "core/block_sparse_gpu.h"
 #include "core/prefill_gpu.h"
 #include "core/validate.h"
 #include "cpu/attention_engine.h"
@@ -525,7 +526,7 @@ BlockSparseAttention::~BlockSparseAttention() = default;
 BlockSparseAttention::BlockSparseAttention(BlockSparseAttention&&) noexcept = default;
 BlockSparseAttention& BlockSparseAttention::operator=(BlockSparseAttention&&) noexcept = default;
 
-void BlockSparseAttention::plan(const BlockSparsePlan& params) {
+void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::block_sparse;
   plan->shape = detail::resolve_shape(params);
@@ -562,20 +563,34 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params) {
   for (int64_t br = 0; br <= row_blocks; ++br) plan->qo_indptr[size_t(br)] = int32_t(br * m.R);
   for (int64_t br = 0; br < row_blocks; ++br)
     plan->kv_len.push_back(int64_t(ind[br + 1] - ind[br]) * m.C);
-  plan_cpu(*plan, params.scheduler);
-  plan_ = std::move(plan);
+  if (workspace_.defined() && !workspace_.device().is_cpu()) {
+    plan->scheduler = params.scheduler;
+    detail::plan_block_sparse_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
+  } else {
+    plan_cpu(*plan, params.scheduler);
+  }
+  plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
 void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse, void* stream) const {
   check_plan(plan_, "BlockSparseAttention");
   const AttentionPlan& plan = *plan_;
-  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
   const auto& s = plan.shape;
-  check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
-                    "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
-  check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
-                    "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+  auto check_kv = [&] {
+    check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
+                      "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
+    check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
+                      "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+  };
+  if (!q.device().is_cpu()) {
+    check_query_output(plan, q, out, lse);
+    check_kv();
+    detail::run_block_sparse_gpu(plan, workspace_.device(), q, k, v, out, lse, stream);
+    return;
+  }
+  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
+  check_kv();
   p.k_token_stride = k.stride(0);
   p.k_head_stride = k.stride(1);
   p.v_token_stride = v.stride(0);
@@ -601,7 +616,11 @@ void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const T
 }
 
 const Plan* BlockSparseAttention::schedule() const {
-  return plan_ && plan_->cpu_work ? &*plan_->cpu_work : nullptr;
+  if (!plan_) return nullptr;
+#if KVATTN_WITH_CUDA
+  if (plan_->gpu_prefill) return &plan_->gpu_prefill->schedule();
+#endif
+  return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
 }
 
 }  // namespace kvattn

@@ -10,10 +10,6 @@
 
 namespace kvattn::detail {
 
-#if KVATTN_WITH_CUDA
-
-namespace {
-// The kernels copy K/V rows in 16-byte pieces (cp.async): base and strides must be multiples.
 void check_kv_alignment(const char* name, const TensorView& t, int ndim_checked) {
   const int64_t esz = int64_t(dtype_size(t.dtype()));
   const auto addr = reinterpret_cast<uintptr_t>(t.data());
@@ -24,7 +20,8 @@ void check_kv_alignment(const char* name, const TensorView& t, int ndim_checked)
                  " elements is not a multiple of 16 bytes (", t.describe(),
                  "); the GPU prefill kernels copy 16-byte pieces of each row");
 }
-}  // namespace
+
+#if KVATTN_WITH_CUDA
 
 void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
                       const SchedulerOptions& scheduler, void* stream) {
@@ -45,7 +42,7 @@ void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const 
   pr.num_kv_heads = s.num_kv_heads;
   pr.head_dim_qk = s.head_dim_qk;
   pr.head_dim_vo = s.head_dim_vo;
-  pr.paged = plan.kind == KVKind::paged;
+  pr.paged = plan.kind != KVKind::ragged;  // block-sparse: column blocks are pages
   pr.page_size = plan.page_size;
   pr.q_dtype = s.q_dtype;
   pr.kv_dtype = s.kv_dtype;
@@ -65,12 +62,12 @@ void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const 
 
 void run_prefill_gpu(const AttentionPlan& plan, const TensorView& q, const PagedKVCache* paged,
                      const TensorView* k, const TensorView* v, const TensorView& out,
-                     const TensorView& lse, void* stream) {
+                     const TensorView& lse, void* stream, const char* who) {
   const std::pair<const char*, TensorView> kv[] = {
       {paged ? "paged k" : "k", paged ? paged->k : *k}, {paged ? "paged v" : "v", paged ? paged->v : *v}};
   for (const auto& [name, t] : kv) check_kv_alignment(name, t, paged ? 3 : 2);
-  KVATTN_CHECK(plan.gpu_prefill != nullptr, "q is on ", q.device().str(),
-               " but BatchPrefill was planned for the CPU (give it a CUDA workspace)");
+  KVATTN_CHECK(plan.gpu_prefill != nullptr, "q is on ", q.device().str(), " but ", who,
+               " was planned for the CPU (give it a CUDA workspace)");
   cuda::PrefillTensors t{};
   t.q = q.data();
   t.q_stride_n = q.stride(0);
@@ -112,7 +109,7 @@ void plan_prefill_gpu(AttentionPlan&, const AttentionPlan*, const TensorView& wo
 }
 
 void run_prefill_gpu(const AttentionPlan&, const TensorView& q, const PagedKVCache*, const TensorView*,
-                     const TensorView*, const TensorView&, const TensorView&, void*) {
+                     const TensorView*, const TensorView&, const TensorView&, void*, const char*) {
   detail::throw_error("q is on ", q.device().str(),
                       " but this build of kvattn has no CUDA backend; pass host (cpu) tensors");
 }

@@ -85,6 +85,13 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   return c;
 }
 
+bool decode_folds_in_kernel() {
+  const char* env = std::getenv("KVATTN_DECODE_MERGE");
+  const std::string v = env ? env : "";
+  KVATTN_CHECK(v.empty() || v == "fold" || v == "kernel", "KVATTN_DECODE_MERGE is fold or kernel, not '", v, "'");
+  return v == "fold";
+}
+
 int decode_smem_bytes(const DecodeKernelConfig& c) {
   if (c.tensor_cores && c.bulk)
     return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);

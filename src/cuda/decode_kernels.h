@@ -45,6 +45,12 @@ struct DecodeKernelConfig {
 // KVATTN_DECODE_BULK_STAGES=2|3|4 sets the bulk kernel's depth.
 // Throws kvattn::Error for head dims the GPU kernels do not take (a multiple of 16 up to 256) or a
 // group that does not divide.
+// Whether split rows are folded inside the decode kernel by the last CTA of each merge entry
+// (kernels/decode/split_fold.cuh) when KVATTN_DECODE_MERGE=fold, or by the separate merge kernel
+// (the default: the in-kernel fold measured slower on the H200 where an entry has many slots,
+// 1 x 32k: 99.7 against 57.8 us, docs/NOTES.md). Other values are errors.
+bool decode_folds_in_kernel();
+
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
                                         int head_dim_vo, int group_size, int page_size,
                                         uint32_t features, bool bulk_copies = false);

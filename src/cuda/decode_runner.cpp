@@ -35,8 +35,8 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 // ids together and a graph-mode re-plan moves nothing that a captured launch points at.
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
-  int64_t items = 0, worker_begin = 0, merges = 0, indptr = 0, last_page_len = 0, error = 0, indices = 0,
-          end = 0;
+  int64_t items = 0, worker_begin = 0, merges = 0, slot_merge = 0, merge_counters = 0, indptr = 0,
+          last_page_len = 0, error = 0, indices = 0, end = 0;
   int64_t meta_begin() const { return items; }
 };
 
@@ -89,6 +89,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   }
   trace.mark("kernels");
   const int head_chunks = group / cfg.heads_per_cta;
+  const bool fold_in_kernel = decode_folds_in_kernel();
   SchedulerOptions opts = pr.scheduler;
   if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
 
@@ -117,7 +118,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
   L.worker_begin = L.items + plan.item_capacity() * int64_t(sizeof(WorkItem));
   L.merges = L.worker_begin + (plan.num_workers() + 1) * 4;
-  L.indptr = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
+  L.slot_merge = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
+  L.merge_counters = L.slot_merge + plan.slot_capacity() * 4;
+  L.indptr = L.merge_counters + merge_cap * head_chunks * 4;
   L.last_page_len = L.indptr + (batch_cap + 1) * 4;
   L.error = L.last_page_len + batch_cap * 4;
   L.indices = L.error + kErrorWords * 4;
@@ -169,6 +172,13 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
   std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
   for (int64_t i = plan.num_merges(); i < merge_cap; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
+  auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
+  std::memset(slot_merge, 0, size_t(plan.slot_capacity()) * 4);
+  for (int64_t i = 0; i < plan.num_merges(); ++i) {
+    const MergeEntry& m = plan.merges()[size_t(i)];
+    for (int32_t s = m.slot_begin; s < m.slot_begin + m.num_slots; ++s) slot_merge[s] = int32_t(i);
+  }
+  std::memset(host + L.merge_counters, 0, size_t(merge_cap * head_chunks) * 4);
   std::memcpy(host + L.indptr, pr.kv_indptr.data(), pr.kv_indptr.size_bytes());
   std::memcpy(host + L.last_page_len, pr.kv_last_page_len.data(), pr.kv_last_page_len.size_bytes());
   std::memset(host + L.error, 0, kErrorWords * 4);
@@ -191,6 +201,10 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   b.merges = reinterpret_cast<const DeviceMergeEntry*>(ws + L.merges);
   b.partial_o = reinterpret_cast<float*>(ws + L.partial_o);
   b.partial_lse = reinterpret_cast<float*>(ws + L.partial_lse);
+  if (fold_in_kernel) {
+    b.slot_merge = reinterpret_cast<const int32_t*>(ws + L.slot_merge);
+    b.merge_counters = reinterpret_cast<int32_t*>(ws + L.merge_counters);
+  }
   b.num_qo_heads = pr.num_qo_heads;
   b.num_kv_heads = pr.num_kv_heads;
   b.variant = pr.variant;
@@ -203,7 +217,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   device_ = device;
   head_chunks_ = head_chunks;
   grid_ = cfg.persistent ? plan.num_workers() : opts.cuda_graph ? plan.item_capacity() : plan.num_items();
-  merge_grid_ = opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
+  merge_grid_ = fold_in_kernel ? 0 : opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
   workspace_used_ = L.end;
   base_ = b;
 }

@@ -42,10 +42,11 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo
       {"m2k64", {{4, 2, 64, 3, 2}, {4, 2, 64, 2, 2}, {8, 1, 64, 2, 1}}},
       {"m1k64", {{8, 1, 64, 2, 1}, {8, 1, 64, 2, 1}, {8, 1, 32, 2, 1}}},
       {"m2w8", {{8, 2, 64, 2, 1}, {8, 2, 32, 2, 1}, {8, 1, 64, 2, 1}}},
+      {"m2k48", {{4, 2, 48, 3, 2}, {4, 2, 48, 2, 2}, {8, 1, 48, 2, 1}}},
   };
   for (const Row& r : kRows)
     if (variant == r.name) return r.shape[cls];
-  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k32, m2k64, m1k64, m2w8)");
+  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k32, m2k64, m1k64, m2w8, m2k48)");
 }
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,

@@ -41,6 +41,7 @@ struct PrefillKernelConfig {
 //   m2k64     4x2 k64 s3 b2       4x2 k64 s2 b2      8x1 k64 s2 b1   (default: measured fastest)
 //   m1k64     8x1 k64 s2 b1       8x1 k64 s2 b1      8x1 k32 s2 b1
 //   m2w8      8x2 k64 s2 b1       8x2 k32 s2 b1      8x1 k64 s2 b1
+//   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
 // KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
 struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;

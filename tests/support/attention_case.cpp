@@ -204,11 +204,24 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
                             c.expect_error);
         return;
       }
-      op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{});
-      op.check_errors();  // a clean run reports nothing
-      device_synchronize();
+      // Every run must write every row again (the outputs are re-poisoned before each), and the
+      // same bytes: the last run is checked against the reference below, the others against it.
+      std::vector<HostTensor> earlier;
+      for (int i = 0; i < c.runs; ++i) {
+        dout.upload();
+        dlse.upload();
+        op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{});
+        op.check_errors();  // a clean run reports nothing
+        device_synchronize();
+        if (i + 1 < c.runs) {
+          earlier.push_back(out);
+          dout.copy_back(earlier.back());
+        }
+      }
       dout.copy_back(out);
       dlse.copy_back(lse);
+      for (size_t i = 0; i < earlier.size(); ++i)
+        EXPECT_TRUE(earlier[i].same_bytes(out.snapshot())) << "run " << i << " of " << c.runs << " differs from the last";
 #else
       FAIL() << "on_gpu case in a build without the CUDA backend";
 #endif

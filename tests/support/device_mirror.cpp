@@ -18,6 +18,11 @@ DeviceMirror::DeviceMirror(const HostTensor& t) : host_(&t), bytes_(t.raw_bytes(
 
 DeviceMirror::~DeviceMirror() { cudaFree(device_); }
 
+void DeviceMirror::upload() const {
+  kvattn::cuda::check(cudaMemcpy(device_, host_->raw_bytes().data(), bytes_, cudaMemcpyHostToDevice),
+                      "copying a test tensor to the device");
+}
+
 kvattn::TensorView DeviceMirror::view() const {
   kvattn::TensorView h = host_->view();
   return kvattn::TensorView(device_ + host_->view_byte_offset(), h.dtype(), h.ndim(), h.shape(),

@@ -23,6 +23,7 @@ class DeviceMirror {
 
   kvattn::TensorView view() const;  // the HostTensor's view, on cuda:0
   void copy_back(HostTensor& t) const;  // every byte, so writes into padding show up too
+  void upload() const;                   // the HostTensor's bytes again (e.g. re-poisoned outputs)
 
  private:
   const HostTensor* host_;

@@ -6,12 +6,13 @@
 //   softmax  one warp per head: tile max, exp2, running (m, d), the rescale factor of the tile
 //   phase 2  P V: thread -> (token group, 8 output dims) accumulating GH x 8 floats in registers
 // Finally the token groups are reduced through shared memory and the row is written out, or, for a
-// split row, its normalised partial state goes to the workspace for decode_merge.
+// split row, its normalised partial state goes to the workspace, folded by split_fold.cuh.
 #pragma once
 
 #include "kernels/common/ptx.cuh"
 #include "kernels/decode/params.cuh"
 #include "kernels/decode/smem_layout.cuh"
+#include "kernels/decode/split_fold.cuh"
 #include "kernels/variants/builtin.cuh"
 
 namespace kvattn::kernels::decode {
@@ -320,6 +321,7 @@ struct DecodeKernel {
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
+    fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
   }
 };
 

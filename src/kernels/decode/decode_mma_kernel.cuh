@@ -7,12 +7,13 @@
 //   P = exp2(S - m) rebuilt as the A fragment of the next MMA in registers (no shared round trip)
 //   O += P V    B = V rows via ldmatrix.trans
 // The warps' states are merged through shared memory at the end, and the row is written out, or,
-// for a split row, its normalised partial state goes to the workspace for merge_partials.
+// for a split row, its normalised partial state goes to the workspace, folded by split_fold.cuh.
 #pragma once
 
 #include "kernels/common/mma.cuh"
 #include "kernels/decode/params.cuh"
 #include "kernels/decode/smem_layout.cuh"
+#include "kernels/decode/split_fold.cuh"
 #include "kernels/variants/builtin.cuh"
 
 namespace kvattn::kernels::decode {
@@ -268,6 +269,7 @@ struct DecodeMmaKernel {
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
+    fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
   }
 
   static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {

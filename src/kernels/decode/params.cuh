@@ -54,6 +54,9 @@ struct DecodeParams {
   const DeviceMergeEntry* merges;
   float* partial_o;    // [slots, group, head_dim_vo], v_scale applied
   float* partial_lse;  // [slots, group]
+  // In-kernel folding of split rows (split_fold.cuh); null: the separate merge kernel folds them.
+  const int32_t* slot_merge;  // [slots]: the merge entry of each partial slot
+  int32_t* merge_counters;    // [merge entries, head chunks]: zero between runs
 
   int32_t num_qo_heads, num_kv_heads;
   VariantParams variant;

@@ -1,0 +1,89 @@
+// Folding split-KV rows of decode (SEMANTICS.md merge rule, in slot = KV order; sigmoid attention:
+// plain sum), two ways:
+//   - merge_partials (the default): a kernel of its own after the decode kernel, one CTA per merge
+//     entry;
+//   - fold_split_if_last (KVATTN_DECODE_MERGE=fold): inside the decode kernel, by the last CTA to finish a
+//     (merge entry, head chunk). Every split CTA stores its partial state, fences, and counts
+//     itself on the entry's counter; the one that completes the count folds the slots, which are
+//     then in L2, and resets the counter for the next run. This saves the second launch, but
+//     measured slower on the H200 where an entry has many slots (1 x 32k, 32 slots: 99.7 against
+//     57.8 us): the fold's per-thread loop over slots is a chain of dependent L2 round trips, and
+//     a 128-thread decode CTA runs 4 outputs per thread where the 256-thread merge kernel runs 2.
+//     Kept, tested, for a latency-tolerant fold (loads of several slots in flight).
+#pragma once
+
+#include "kernels/common/ptx.cuh"
+#include "kernels/decode/params.cuh"
+#include "kernels/variants/builtin.cuh"
+
+namespace kvattn::kernels::decode {
+
+// Folds the slots of merge entry `m` for the group heads [gh_begin, gh_end), threads tid, tid +
+// nthreads, ... over (head, dim), and writes the request's output row (and LSE). The partial
+// states come through L2 (__ldcg): other SMs wrote them during this kernel.
+template <int ODT, int DVO, uint32_t FEATURES>
+__device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int gh_begin, int gh_end, int tid,
+                           int nthreads) {
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const bool softmax_on = BuiltinVariant<FEATURES>::use_softmax(p.variant);
+  for (int i = tid; i < (gh_end - gh_begin) * DVO; i += nthreads) {
+    const int gh = gh_begin + i / DVO, e = i % DVO;
+    float lse_max = -INFINITY;
+    for (int sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl)
+      lse_max = fmaxf(lse_max, __ldcg(p.partial_lse + int64_t(sl) * group + gh));
+    float o = 0.0f, wsum = 0.0f;
+    bool poisoned = false;  // a NaN state (a bad page id) makes the row NaN
+    for (int sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl) {
+      const float x = __ldcg(p.partial_o + (int64_t(sl) * group + gh) * DVO + e);
+      const float l = __ldcg(p.partial_lse + int64_t(sl) * group + gh);
+      poisoned |= l != l;
+      if (!softmax_on) {
+        o += x;
+        continue;
+      }
+      const float w = l == -INFINITY ? 0.0f : exp2f(l - lse_max);
+      o += w * x;
+      wsum += w;
+    }
+    float lse = -INFINITY;
+    if (softmax_on) {
+      o = wsum > 0.0f ? o / wsum : 0.0f;
+      lse = wsum > 0.0f ? lse_max + log2f(wsum) : -INFINITY;
+    }
+    if (poisoned) o = lse = NAN;
+    const int qo_head = m.kv_head * group + gh;
+    store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
+    if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
+  }
+}
+
+// The separate merge kernel's body: one CTA per merge entry, all heads of the group.
+template <int ODT, int DVO, uint32_t FEATURES>
+__device__ void merge_partials(const DecodeParams& p) {
+  const DeviceMergeEntry m = p.merges[blockIdx.x];
+  if (m.request < 0) return;
+  fold_slots<ODT, DVO, FEATURES>(p, m, 0, p.num_qo_heads / p.num_kv_heads, threadIdx.x, blockDim.x);
+}
+
+// Called by every thread of a decode CTA after it stored its item's rows (heads [gh_begin,
+// gh_begin + gh_count) of the group). Does nothing unless the item is a split row and the plan
+// asked for in-kernel folding (p.merge_counters set); then the CTA that completes the count of
+// (entry, blockIdx.y) folds that entry's heads of this chunk.
+template <int ODT, int DVO, uint32_t FEATURES>
+__device__ void fold_split_if_last(const DecodeParams& p, const DeviceWorkItem& item, int gh_begin, int gh_count) {
+  if (item.partial_slot < 0 || p.merge_counters == nullptr) return;  // the same for the whole CTA
+  __threadfence();  // this thread's partial stores are visible GPU-wide before the CTA is counted
+  __syncthreads();
+  const int32_t entry = p.slot_merge[item.partial_slot];
+  bool last = false;
+  if (threadIdx.x == 0) {
+    int32_t* counter = p.merge_counters + int64_t(entry) * gridDim.y + blockIdx.y;
+    last = atomicAdd(counter, 1) == p.merges[entry].num_slots - 1;
+    if (last) atomicExch(counter, 0);  // every CTA of this entry and chunk has counted: reset for the next run
+  }
+  if (!__syncthreads_or(last)) return;
+  __threadfence();  // the other CTAs' partial states are read after their counts
+  fold_slots<ODT, DVO, FEATURES>(p, p.merges[entry], gh_begin, gh_begin + gh_count, threadIdx.x, blockDim.x);
+}
+
+}  // namespace kvattn::kernels::decode
