@@ -246,7 +246,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   const double med = ms[ms.size() / 2];
   const double bytes = kv_bytes + 2.0 * B * c.num_qo_heads * D * 2;
   const double gbps = bytes / (med * 1e-3) / 1e9;
-  nlohmann::json row = {{"op", "decode"}, {"case", c.name}, {"heads", c.heads()},
+  nlohmann::json row = {{"op", "decode"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
           {"plan_host_table_us", plan_host_table_us},

@@ -79,7 +79,10 @@ def table(rows, op, key, unit, peers):
     for cid, impls in cases.items():
         k = impls.get("kvattn")
         any_row = next(iter(impls.values()))
-        name = any_row["case"] + (f", {any_row['kv']}" if op == "prefill" and k and k.get("kv") else "")
+        name = any_row["case"]
+        if op == "prefill":  # the case names repeat across head dims
+            name += (f", hd {any_row['head_dim']}" if any_row.get("head_dim") else "") + \
+                    (f", {k['kv']}" if k and k.get("kv") else "")
         kv = metric(k, key)
         best = best_peer(impls, present, key)
         ratio = kv / best[1] if kv is not None and best else None

@@ -69,12 +69,13 @@ def log_row(r):
 
 
 def kvattn_rows_by_key(path):
-    """The kvattn --json output as {(case, heads): row}; {} when absent or unreadable."""
+    """The kvattn --json output as {case id: row}; {} when absent or unreadable. (Names and heads
+    alone collide: the prefill cases of head dims 64 and 128 share both.)"""
     if not path or not os.path.exists(path):
         return {}
     try:
         with open(path) as f:
-            return {(r["case"], r["heads"]): r for r in json.load(f)}
+            return {r.get("id") or (r["case"], r["heads"]): r for r in json.load(f)}
     except (ValueError, KeyError, TypeError):
         return {}
 
@@ -203,7 +204,7 @@ def main():
             notes.append(f"kvattn's --json output {args.decode_json} is missing or unreadable; "
                          "kvattn's decode timings come from the export's manifest")
         for c in dcases:
-            c["row"] = kv_rows.get((c["case"], c["heads"]), c.get("row", {}))
+            c["row"] = kv_rows.get(c["id"], kv_rows.get((c["case"], c["heads"]), c.get("row", {})))
     pcases, pexp = [], None
     if args.prefill != "off":
         if args.prefill_io and os.path.exists(os.path.join(args.prefill_io, "manifest.json")):
@@ -211,7 +212,7 @@ def main():
             prow = kvattn_rows_by_key(args.prefill_json)
             for c in pexp.cases:
                 if c.get("op") == "prefill":
-                    c["row"] = prow.get((c.get("case"), c.get("heads")), c.get("row", {}))
+                    c["row"] = prow.get(c.get("id"), c.get("row", {}))
                     pcases.append(c)
         elif args.prefill_json and os.path.exists(args.prefill_json):
             with open(args.prefill_json) as f:
@@ -235,7 +236,7 @@ def main():
                              "kvattn's cascade timings come from the export's manifest")
             for c in cexp.cases:
                 if c.get("op") == "cascade":
-                    c["row"] = crow.get((c.get("case"), c.get("heads")), c.get("row", {}))
+                    c["row"] = crow.get(c.get("id"), c.get("row", {}))
                     ccases.append(c)
         else:
             notes.append(f"cascade: no export in {args.cascade_io} (did kvattn bench cascade --save-io fail?)")
