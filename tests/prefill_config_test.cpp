@@ -121,6 +121,21 @@ TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
                       "KVATTN_PREFILL_VARIANT = 'nope' is not a prefill variant");
 }
 
+// Soft-cap at head dims 65-128 takes m2k48 (m2k64's kernel spills there), unless the variable says
+// otherwise; other variants and head dims keep m2k64.
+TEST_F(PrefillVariantEnv, SoftCapTakesK48TilesAtHeadDim128) {
+  using kvattn::kernels::kCausal;
+  using kvattn::kernels::kSoftCap;
+  auto cap = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap, 16384);
+  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k48_s2_b2_ragged_f5");
+  EXPECT_LE(prefill_smem_bytes(cap) + 1024, 228 * 1024 / cap.min_blocks);
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal, 16384).kv_tile, 64);
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 64, 1, false, 0, kSoftCap, 16384).kv_tile, 64);
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, kSoftCap, 16384).kv_tile, 64);
+  set("m2k64");
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kSoftCap, 16384).kv_tile, 64);
+}
+
 TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {
   ::setenv("KVATTN_PREFILL_TANH", "approx", 1);
   auto a = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kvattn::kernels::kSoftCap, 16384);

@@ -39,6 +39,7 @@ struct PrefillKernelConfig {
 //   name      head dims <= 64     <= 128             > 128
 //   m2k32     4x2 k64 s2 b2       4x2 k32 s3 b2      4x1 k32 s2 b2
 //   m2k64     4x2 k64 s3 b2       4x2 k64 s2 b2      8x1 k64 s2 b1   (default: measured fastest)
+//             (its soft-cap kernels at head dims <= 128 spill registers: those default to m2k48)
 //   m1k64     8x1 k64 s2 b1       8x1 k64 s2 b1      8x1 k32 s2 b1
 //   m2w8      8x2 k64 s2 b1       8x2 k32 s2 b1      8x1 k64 s2 b1
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
@@ -47,7 +48,8 @@ struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;
 };
 PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk, int head_dim_vo);
-std::string prefill_variant_from_env();  // "m2k64" when unset
+// KVATTN_PREFILL_VARIANT when set; else m2k48 for soft-cap at head dims 65-128, m2k64 otherwise.
+std::string prefill_variant_for(uint32_t features, int head_dim_qk, int head_dim_vo);
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,
