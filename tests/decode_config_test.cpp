@@ -183,6 +183,20 @@ TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {
   EXPECT_KVATTN_ERROR(decode_folds_in_kernel(), "KVATTN_DECODE_MERGE is fold or kernel, not 'later'");
 }
 
+TEST(DecodeConfig, GridOverrideIsCheckedByName) {
+  {
+    DecodeKernelEnv env("workers", "KVATTN_DECODE_GRID");
+    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).persistent);
+  }
+  {
+    DecodeKernelEnv env("items", "KVATTN_DECODE_GRID");
+    EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).persistent);
+  }
+  DecodeKernelEnv env("persistent", "KVATTN_DECODE_GRID");
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
+                      "KVATTN_DECODE_GRID is items or workers, not 'persistent'");
+}
+
 TEST(DecodeConfig, UnsupportedShapesAreErrors) {
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 512, 512, 4, 16, 0),
                       "head dim 512 is not supported by the GPU decode kernels");

@@ -142,6 +142,9 @@ TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {
   EXPECT_TRUE(a.fast_tanh);
   EXPECT_NE(a.name().find("_tanhx"), std::string::npos);
   EXPECT_FALSE(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 1, 16384).fast_tanh);
+  ::setenv("KVATTN_PREFILL_TANH", "fast", 1);
+  EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 4, 16384),
+                      "KVATTN_PREFILL_TANH is exact or approx, not 'fast'");
 }
 
 }  // namespace

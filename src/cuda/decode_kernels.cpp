@@ -53,8 +53,11 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   c.threads = 128;
   // One CTA per item measured faster than persistent workers on the H200 (docs/PERFORMANCE.md);
   // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
-  const char* grid = std::getenv("KVATTN_DECODE_GRID");
-  c.persistent = grid && std::string(grid) == "workers";
+  const char* grid_env = std::getenv("KVATTN_DECODE_GRID");
+  const std::string grid = grid_env ? grid_env : "";
+  KVATTN_CHECK(grid.empty() || grid == "items" || grid == "workers", "KVATTN_DECODE_GRID is items or workers, not '",
+               grid, "'");
+  c.persistent = grid == "workers";
   // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async;
   // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements.
   const char* env = std::getenv("KVATTN_DECODE_KERNEL");
@@ -134,8 +137,11 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   }
   // Experiment knob (docs/NOTES.md): KVATTN_DECODE_L2_PREFETCH=64|128|256 adds the L2 prefetch
   // hint to the K/V copies.
-  if (const char* l2 = std::getenv("KVATTN_DECODE_L2_PREFETCH"))
-    spec.options.push_back(std::string("-DKVATTN_L2_PREFETCH=") + l2);
+  if (const char* l2 = std::getenv("KVATTN_DECODE_L2_PREFETCH")) {
+    const std::string v = l2;
+    KVATTN_CHECK(v == "64" || v == "128" || v == "256", "KVATTN_DECODE_L2_PREFETCH is 64, 128 or 256, not '", v, "'");
+    spec.options.push_back("-DKVATTN_L2_PREFETCH=" + v);
+  }
   spec.source += "#include \"kernels/decode/persistent.cuh\"\n"
                  "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
                  spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"

@@ -77,8 +77,11 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   c.features = features;
   c.paged = paged;
   c.page_size = paged && page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0 ? page_size : 0;
-  const char* tanh_mode = std::getenv("KVATTN_PREFILL_TANH");
-  c.fast_tanh = (features & kernels::kSoftCap) && tanh_mode && std::string(tanh_mode) == "approx";
+  const char* tanh_env = std::getenv("KVATTN_PREFILL_TANH");
+  const std::string tanh_mode = tanh_env ? tanh_env : "";
+  KVATTN_CHECK(tanh_mode.empty() || tanh_mode == "exact" || tanh_mode == "approx",
+               "KVATTN_PREFILL_TANH is exact or approx, not '", tanh_mode, "'");
+  c.fast_tanh = (features & kernels::kSoftCap) && tanh_mode == "approx";
   const bool wide = std::max(dqk, dvo) > 128;
   const int max_warps = wide ? 4 : 8;
   c.heads_per_cta = 1;
