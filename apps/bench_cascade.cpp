@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "bench_io.h"
 #include "commands.h"
 #include "kvattn/kvattn.h"
@@ -103,15 +104,7 @@ struct CascadeBenchOptions {
 };
 
 std::vector<CascadeBenchCase> selected_cases(const CascadeBenchOptions& o) {
-  auto cases = cascade_cases(o.quick);
-  if (o.cases.empty()) return cases;
-  for (const auto& id : o.cases)
-    if (std::none_of(cases.begin(), cases.end(), [&](const CascadeBenchCase& c) { return c.id == id; }))
-      throw kvattn::Error("--cases: no case '" + id + "'" + (o.quick ? " with --quick" : "") + " (see --list)");
-  std::vector<CascadeBenchCase> picked;
-  for (auto& c : cases)
-    if (std::find(o.cases.begin(), o.cases.end(), c.id) != o.cases.end()) picked.push_back(std::move(c));
-  return picked;
+  return kvattn_cli::pick_cases(cascade_cases(o.quick), o.cases, o.quick);
 }
 
 // --list: the cases' ids and sizes; no GPU needed.
@@ -167,17 +160,8 @@ CascadeTables make_tables(const CascadeBenchCase& c) {
   return t;
 }
 
-void cuda_ok(cudaError_t e, const char* what) { kvattn::cuda::check(e, what); }
-
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) {
-    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-};
+using kvattn_cli::cuda_ok;
+using kvattn_cli::DeviceBuffer;
 
 // Median of `iters` calls of run(copy) (copy = i % copies), each between two CUDA events, after 3
 // warm-up calls.

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "bench_io.h"
 #include "commands.h"
 #include "core/batch_shapes.h"
@@ -83,15 +84,7 @@ struct DecodeBenchOptions {
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
-  auto cases = decode_cases(o.quick);
-  if (o.cases.empty()) return cases;
-  for (const auto& id : o.cases)
-    if (std::none_of(cases.begin(), cases.end(), [&](const DecodeBenchCase& c) { return c.id == id; }))
-      throw kvattn::Error("--cases: no case '" + id + "'" + (o.quick ? " with --quick" : "") + " (see --list)");
-  std::vector<DecodeBenchCase> picked;
-  for (auto& c : cases)
-    if (std::find(o.cases.begin(), o.cases.end(), c.id) != o.cases.end()) picked.push_back(std::move(c));
-  return picked;
+  return kvattn_cli::pick_cases(decode_cases(o.quick), o.cases, o.quick);
 }
 
 // --list: the cases' ids and sizes; no GPU needed.
@@ -112,15 +105,8 @@ void list_decode_cases(const DecodeBenchOptions& o) {
 }
 
 #if KVATTN_WITH_CUDA
-void cuda_ok(cudaError_t e, const char* what) { kvattn::cuda::check(e, what); }
-
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) { cuda_ok(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-};
+using kvattn_cli::cuda_ok;
+using kvattn_cli::DeviceBuffer;
 
 nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOptions& o, double peak_gbps,
                                kvattn_cli::IoExport* io) {

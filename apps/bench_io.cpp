@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "bench_common.h"
 #include "host_tensors.h"
 #include "kvattn/kvattn.h"
 
@@ -106,7 +107,6 @@ void IoExport::add_case(nlohmann::json c) {
 
 #if KVATTN_WITH_CUDA
 namespace {
-void cuda_ok(cudaError_t e, const char* what) { kvattn::cuda::check(e, what); }
 
 template <class T>
 std::vector<T> to_host(const T* dev, size_t n) {

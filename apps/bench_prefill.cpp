@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "bench_io.h"
 #include "commands.h"
 #include "core/batch_shapes.h"
@@ -108,8 +109,7 @@ std::vector<PrefillBenchCase> prefill_cases(bool quick) {
 }
 
 #if KVATTN_WITH_CUDA
-void cuda_ok(cudaError_t e, const char* what) { kvattn::cuda::check(e, what); }
-
+using kvattn_cli::cuda_ok;
 struct DeviceBytes {
   void* ptr = nullptr;
   explicit DeviceBytes(size_t n) { cuda_ok(cudaMalloc(&ptr, std::max<size_t>(n, 1)), "cudaMalloc"); }
@@ -240,15 +240,7 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
 #endif
 
 std::vector<PrefillBenchCase> selected_cases(const PrefillBenchOptions& o) {
-  auto cases = prefill_cases(o.quick);
-  if (o.cases.empty()) return cases;
-  for (const auto& id : o.cases)
-    if (std::none_of(cases.begin(), cases.end(), [&](const PrefillBenchCase& c) { return c.id == id; }))
-      throw kvattn::Error("--cases: no case '" + id + "'" + (o.quick ? " with --quick" : "") + " (see --list)");
-  std::vector<PrefillBenchCase> picked;
-  for (auto& c : cases)
-    if (std::find(o.cases.begin(), o.cases.end(), c.id) != o.cases.end()) picked.push_back(std::move(c));
-  return picked;
+  return kvattn_cli::pick_cases(prefill_cases(o.quick), o.cases, o.quick);
 }
 
 void bench_prefill(const PrefillBenchOptions& o) {

@@ -1,0 +1,50 @@
+// What the GPU benchmarks (bench decode, prefill, cascade) share: picking cases by id, and, with
+// the CUDA backend, an owning device buffer and the CUDA error check.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "kvattn/error.h"
+
+#if KVATTN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/runtime.h"
+#endif
+
+namespace kvattn_cli {
+
+// The cases whose ids are in `ids` (all of them when `ids` is empty), in the table's order; an id
+// that names no case is an error that says where to look (`--list`).
+template <class Case>
+std::vector<Case> pick_cases(std::vector<Case> all, const std::vector<std::string>& ids, bool quick) {
+  if (ids.empty()) return all;
+  for (const auto& id : ids)
+    if (std::none_of(all.begin(), all.end(), [&](const Case& c) { return c.id == id; }))
+      throw kvattn::Error("--cases: no case '" + id + "'" + (quick ? " with --quick" : "") + " (see --list)");
+  std::vector<Case> picked;
+  for (auto& c : all)
+    if (std::find(ids.begin(), ids.end(), c.id) != ids.end()) picked.push_back(std::move(c));
+  return picked;
+}
+
+#if KVATTN_WITH_CUDA
+inline void cuda_ok(cudaError_t e, const char* what) { kvattn::cuda::check(e, what); }
+
+// n elements of T on the current device (at least one byte), freed with the buffer.
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(size_t n) {
+    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+#endif
+
+}  // namespace kvattn_cli
