@@ -163,26 +163,7 @@ CascadeTables make_tables(const CascadeBenchCase& c) {
 using kvattn_cli::cuda_ok;
 using kvattn_cli::DeviceBuffer;
 
-// Median of `iters` calls of run(copy) (copy = i % copies), each between two CUDA events, after 3
-// warm-up calls.
-double median_ms(const std::function<void(int)>& run, int copies, int iters) {
-  for (int i = 0; i < 3; ++i) run(i % copies);
-  cuda_ok(cudaDeviceSynchronize(), "warm-up");
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * iters));
-  for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iters; ++i) {
-    cuda_ok(cudaEventRecord(ev[size_t(2 * i)]), "cudaEventRecord");
-    run(i % copies);
-    cuda_ok(cudaEventRecord(ev[size_t(2 * i + 1)]), "cudaEventRecord");
-  }
-  cuda_ok(cudaDeviceSynchronize(), "timed runs");
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i)
-    cuda_ok(cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+using kvattn_cli::median_ms;
 
 // Median host wall time of plan() in microseconds: 20 calls after 3 warm-ups (the first ones
 // allocate pinned staging buffers and wait behind the setup).

@@ -214,22 +214,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
     else
       decode.run(qv, cache_view(copy), ov);
   };
-  for (int i = 0; i < 3; ++i) run_once(i % copies);
-  cuda_ok(cudaDeviceSynchronize(), "warm-up");
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * iters));
-  for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iters; ++i) {
-    cuda_ok(cudaEventRecord(ev[size_t(2 * i)]), "cudaEventRecord");
-    run_once(i % copies);
-    cuda_ok(cudaEventRecord(ev[size_t(2 * i + 1)]), "cudaEventRecord");
-  }
-  cuda_ok(cudaDeviceSynchronize(), "timed runs");
+  const double med = kvattn_cli::median_ms(run_once, copies, iters);
   if (!via_prefill) decode.check_errors();  // (prefill's plan reused the workspace: nothing to read there)
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
   const double bytes = kv_bytes + 2.0 * B * c.num_qo_heads * D * 2;
   const double gbps = bytes / (med * 1e-3) / 1e9;
   nlohmann::json row = {{"op", "decode"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},

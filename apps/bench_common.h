@@ -45,6 +45,29 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
+
+// Median of `iters` calls of run(copy) (copy = i % copies: the caller rotates cache copies so that
+// each call reads from a cold L2), each between two CUDA events on the default stream, after 3
+// warm-up calls. Returns milliseconds; the device is idle afterwards.
+template <class Run>
+double median_ms(Run&& run, int copies, int iters) {
+  for (int i = 0; i < 3; ++i) run(i % copies);
+  cuda_ok(cudaDeviceSynchronize(), "warm-up");
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * iters));
+  for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < iters; ++i) {
+    cuda_ok(cudaEventRecord(ev[size_t(2 * i)]), "cudaEventRecord");
+    run(i % copies);
+    cuda_ok(cudaEventRecord(ev[size_t(2 * i + 1)]), "cudaEventRecord");
+  }
+  cuda_ok(cudaDeviceSynchronize(), "timed runs");
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i)
+    cuda_ok(cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]), "cudaEventElapsedTime");
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
 #endif
 
 }  // namespace kvattn_cli

@@ -193,21 +193,7 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
                   TensorView(v.ptr, DType::bf16, {nkv, c.num_kv_heads, D}, dev), ov, lse);
     }
   };
-  for (int i = 0; i < 3; ++i) run();
-  cuda_ok(cudaDeviceSynchronize(), "warm-up");
-  std::vector<cudaEvent_t> ev(static_cast<size_t>(2 * iters));
-  for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iters; ++i) {
-    cuda_ok(cudaEventRecord(ev[size_t(2 * i)]), "cudaEventRecord");
-    run();
-    cuda_ok(cudaEventRecord(ev[size_t(2 * i + 1)]), "cudaEventRecord");
-  }
-  cuda_ok(cudaDeviceSynchronize(), "timed runs");
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) cudaEventElapsedTime(&ms[size_t(i)], ev[size_t(2 * i)], ev[size_t(2 * i + 1)]);
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  const double med = kvattn_cli::median_ms([&](int) { run(); }, 1, iters);
   const double tflops = c.flops() / (med * 1e-3) / 1e12;
   nlohmann::json row = {{"op", "prefill"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"head_dim", D}, {"causal", c.causal}, {"soft_cap", c.soft_cap},
