@@ -217,15 +217,16 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   const double med = kvattn_cli::median_ms(run_once, copies, iters);
   if (!via_prefill) decode.check_errors();  // (prefill's plan reused the workspace: nothing to read there)
   const double bytes = kv_bytes + 2.0 * B * c.num_qo_heads * D * 2;
+  const kvattn::Plan* timed_plan = via_prefill ? prefill.schedule() : decode.schedule();  // what ran
   const double gbps = bytes / (med * 1e-3) / 1e9;
   nlohmann::json row = {{"op", "decode"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
           {"plan_host_table_us", plan_host_table_us},
-          {"l2_copies", copies}, {"workers", decode.schedule() ? decode.schedule()->num_workers() : 0},
+          {"l2_copies", copies}, {"workers", timed_plan ? timed_plan->num_workers() : 0},
           {"kernels", via_prefill ? "prefill" : "decode"}, {"page_ids", o.host_table ? "host" : "device"},
-          {"items", decode.schedule() ? decode.schedule()->num_items() : 0},
-          {"merges", decode.schedule() ? decode.schedule()->num_merges() : 0}};
+          {"items", timed_plan ? timed_plan->num_items() : 0},
+          {"merges", timed_plan ? timed_plan->num_merges() : 0}};
   if (io) {  // one more run on copy 0, with lse, into a poisoned out; then export everything
     DeviceBuffer<float> lse(size_t(B) * c.num_qo_heads);
     cuda_ok(cudaMemset(out.ptr, 0xff, size_t(B) * c.num_qo_heads * D * 2), "cudaMemset");

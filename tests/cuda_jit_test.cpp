@@ -121,6 +121,17 @@ TEST(CudaJit, DefaultPresetCompilesForSm90aAndSm80) {
 // The bulk-copy decode kernels (sm_90+ instructions) are in the default preset for Hopper only; the
 // cp.async kernels that older devices run stay in it for both.
 TEST(CudaJit, BulkDecodeKernelsAreCompiledOnlyForSm90) {
+  // The preset reflects the default choice: a KVATTN_DECODE_* override of the caller's shell (set to
+  // run the GPU suites on another kernel) would change it, so it is cleared here and restored.
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* name : {"KVATTN_DECODE_KERNEL", "KVATTN_DECODE_BULK_STAGES", "KVATTN_DECODE_GRID"})
+    if (const char* v = std::getenv(name)) saved.emplace_back(name, v), ::unsetenv(name);
+  struct Restore {
+    std::vector<std::pair<std::string, std::string>>& s;
+    ~Restore() {
+      for (auto& [n, v] : s) ::setenv(n.c_str(), v.c_str(), 1);
+    }
+  } restore{saved};
   auto count = [](const std::string& arch, const std::string& suffix) {
     int n = 0;
     for (const KernelSpec& s : preset_specs("default", arch))

@@ -99,6 +99,7 @@ TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
 // the device has no bulk copies.
 TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
+  DecodeKernelEnv grid(nullptr, "KVATTN_DECODE_GRID");
   DecodeKernelEnv env(nullptr);
   auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, /*bulk_copies=*/true);
   EXPECT_TRUE(c.tensor_cores);
@@ -153,8 +154,17 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
     EXPECT_EQ(s2.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk_s2");
     EXPECT_LE(3 * (decode_smem_bytes(s2) + 1024), 228 * 1024);  // three CTAs per SM
   }
+  {
+    // 3 is the default depth: the same kernel as with the variable unset (wide rows keep 2 warps).
+    DecodeKernelEnv three("3", "KVATTN_DECODE_BULK_STAGES");
+    EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true).name(),
+              wide.name());
+  }
   DecodeKernelEnv bad_stages("5", "KVATTN_DECODE_BULK_STAGES");
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
+                      "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
+  // Checked even where the bulk kernel is not chosen.
+  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false),
                       "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
 }
 

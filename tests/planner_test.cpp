@@ -465,6 +465,28 @@ TEST(Planner, NoSplitWhenTheBatchFillsTheWorkers) {
   EXPECT_EQ(plan.num_items(), 256 * 8);
 }
 
+// About two equal items per worker balance as well unsplit as split (64 x 4096, 8 KV heads on 264
+// workers: 512 items): the planner tries no split when its bound beats the split schedule and keeps
+// it, with no partial states or merges (measured faster on the H200), also under a graph capacity.
+TEST(Planner, NoSplitWhenItBalancesAsWellAsSplitting) {
+  std::vector<int32_t> qo(65), kv(64, 4096);
+  std::iota(qo.begin(), qo.end(), 0);
+  auto in = decode_inputs(qo, kv);
+  for (bool graph : {false, true}) {
+    kvattn::SchedulerOptions opt;
+    opt.num_workers = 264;
+    if (graph) opt.cuda_graph = kvattn::GraphCapacity{64, 64 * 4096};
+    kvattn::Plan plan = kvattn::make_plan(in, opt);
+    EXPECT_EQ(plan.num_merges(), 0) << "graph " << graph;
+    EXPECT_EQ(plan.num_items(), 64 * 8) << "graph " << graph;
+    kvattn::SchedulerOptions split = opt;
+    split.fixed_split_size = 2048;  // what the planner picked before it tried no split
+    kvattn::Plan forced = kvattn::make_plan(in, split);
+    EXPECT_GT(forced.num_merges(), 0);
+    EXPECT_LE(plan.max_worker_cost(), forced.max_worker_cost()) << "graph " << graph;
+  }
+}
+
 // fixed_split_size: a request's items do not depend on the rest of the batch (batch invariance).
 TEST(Planner, FixedSplitSizeIsBatchInvariant) {
   std::vector<int32_t> qo1{0, 1}, kv1{1000};

@@ -143,7 +143,7 @@ def cascade_table(rows):
     if not cases:
         return [], []
     head = ["case", "heads", "kvattn cascade us", "kvattn flat us", "kvattn flat / cascade", "FI cascade us",
-            "FI flat decode us", "best peer", "kvattn cascade / best", "kvattn err", "others' worst err"]
+            "FI flat decode us", "best peer", "best / kvattn cascade (time)", "kvattn err", "others' worst err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|"]
     behind = []
     for impls in cases.values():

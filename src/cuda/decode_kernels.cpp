@@ -67,14 +67,13 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   c.transposed = c.tensor_cores && kernel == "transposed";
   c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
   int smem_limit = 110 * 1024;
+  const char* stages_env = std::getenv("KVATTN_DECODE_BULK_STAGES");
+  const std::string stages = stages_env ? stages_env : "";
+  KVATTN_CHECK(stages.empty() || stages == "2" || stages == "3" || stages == "4",
+               "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '", stages, "'");
   if (c.bulk) {
-    c.stages = 3;
-    if (const char* st = std::getenv("KVATTN_DECODE_BULK_STAGES")) {
-      const std::string v = st;
-      KVATTN_CHECK(v == "2" || v == "3" || v == "4", "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '", v, "'");
-      c.stages = v[0] - '0';
-      smem_limit = 227 * 1024;  // asked for: keep 4 warps even at one CTA per SM if it fits
-    }
+    c.stages = stages.empty() ? 3 : stages[0] - '0';
+    if (c.stages == 4) smem_limit = 227 * 1024;  // asked for: keep 4 warps even at one CTA per SM
   }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
   // Keep at least two CTAs per SM (about 110 KB of shared memory each on a 228 KB SM): wide rows

@@ -54,6 +54,13 @@ struct PhaseTrace {
 };
 }  // namespace
 
+// The bulk-copy kernel needs sm_90's copy engine and, at 3 stages, 109 KB of shared memory per CTA
+// with two CTAs per SM: the 228 KB SMs of sm_90/sm_100 class parts. Devices with cc >= 9 but ~100 KB
+// per block (sm_120 consumer parts) keep the cp.async kernel, which fits them.
+static bool bulk_copies(const DeviceInfo& dev) {
+  return dev.cc_major >= 9 && dev.max_smem_per_block_optin >= 200 * 1024;
+}
+
 DecodeRunner::~DecodeRunner() {
   for (Staging& st : staging_) {
     if (st.copied) cudaEventDestroy(st.copied);
@@ -70,7 +77,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int group = pr.num_qo_heads / pr.num_kv_heads;
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
                                                 pr.head_dim_vo, group, pr.page_size,
-                                                pr.variant.features, /*bulk_copies=*/dev.cc_major >= 9);
+                                                pr.variant.features, bulk_copies(dev));
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;

@@ -39,7 +39,7 @@ struct PrefillKernelConfig {
 //   name      head dims <= 64     <= 128             > 128
 //   m2k32     4x2 k64 s2 b2       4x2 k32 s3 b2      4x1 k32 s2 b2
 //   m2k64     4x2 k64 s3 b2       4x2 k64 s2 b2      8x1 k64 s2 b1   (default: measured fastest)
-//             (its soft-cap kernels at head dims <= 128 spill registers: those default to m2k48)
+//             (its soft-cap kernels at head dims 65-128 spill registers: those default to m2k48)
 //   m1k64     8x1 k64 s2 b1       8x1 k64 s2 b1      8x1 k32 s2 b1
 //   m2w8      8x2 k64 s2 b1       8x2 k32 s2 b1      8x1 k64 s2 b1
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1

@@ -206,7 +206,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
       }
       // Every run must write every row again (the outputs are re-poisoned before each), and the
       // same bytes: the last run is checked against the reference below, the others against it.
-      std::vector<HostTensor> earlier;
+      std::vector<HostTensor> earlier_out, earlier_lse;
       for (int i = 0; i < c.runs; ++i) {
         dout.upload();
         dlse.upload();
@@ -214,14 +214,18 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         op.check_errors();  // a clean run reports nothing
         device_synchronize();
         if (i + 1 < c.runs) {
-          earlier.push_back(out);
-          dout.copy_back(earlier.back());
+          earlier_out.push_back(out);
+          dout.copy_back(earlier_out.back());
+          earlier_lse.push_back(lse);
+          dlse.copy_back(earlier_lse.back());
         }
       }
       dout.copy_back(out);
       dlse.copy_back(lse);
-      for (size_t i = 0; i < earlier.size(); ++i)
-        EXPECT_TRUE(earlier[i].same_bytes(out.snapshot())) << "run " << i << " of " << c.runs << " differs from the last";
+      for (size_t i = 0; i < earlier_out.size(); ++i) {
+        EXPECT_TRUE(earlier_out[i].same_bytes(out.snapshot())) << "out of run " << i << " of " << c.runs << " differs from the last";
+        EXPECT_TRUE(earlier_lse[i].same_bytes(lse.snapshot())) << "lse of run " << i << " of " << c.runs << " differs from the last";
+      }
 #else
       FAIL() << "on_gpu case in a build without the CUDA backend";
 #endif
