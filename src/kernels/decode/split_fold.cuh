@@ -7,11 +7,12 @@
 //     itself on the entry's counter; the one that completes the count folds the slots, which are
 //     then in L2, and resets the counter for the next run. This saves the second launch, but
 //     measured slower on the H200 where an entry has many slots (1 x 32k, 32 slots: 99.7 against
-//     57.8 us): the fold's per-thread loop over slots is a chain of dependent L2 round trips, and
-//     a 128-thread decode CTA runs 4 outputs per thread where the 256-thread merge kernel runs 2.
-//     Kept, tested, for a latency-tolerant fold (loads of several slots in flight).
+//     57.8 us) when the fold loaded one slot at a time: a chain of L2 round trips, and a
+//     128-thread decode CTA runs 4 outputs per thread where the 256-thread merge kernel runs 2.
+//     Both now use fold_states (several slots' loads in flight); the fold stays an option.
 #pragma once
 
+#include "kernels/common/fold_states.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/decode/params.cuh"
 #include "kernels/variants/builtin.cuh"
@@ -19,8 +20,7 @@
 namespace kvattn::kernels::decode {
 
 // Folds the slots of merge entry `m` for the group heads [gh_begin, gh_end), threads tid, tid +
-// nthreads, ... over (head, dim), and writes the request's output row (and LSE). The partial
-// states come through L2 (__ldcg): other SMs wrote them during this kernel.
+// nthreads, ... over (head, dim), and writes the request's output row (and LSE).
 template <int ODT, int DVO, uint32_t FEATURES>
 __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int gh_begin, int gh_end, int tid,
                            int nthreads) {
@@ -28,29 +28,12 @@ __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int
   const bool softmax_on = BuiltinVariant<FEATURES>::use_softmax(p.variant);
   for (int i = tid; i < (gh_end - gh_begin) * DVO; i += nthreads) {
     const int gh = gh_begin + i / DVO, e = i % DVO;
-    float lse_max = -INFINITY;
-    for (int sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl)
-      lse_max = fmaxf(lse_max, __ldcg(p.partial_lse + int64_t(sl) * group + gh));
-    float o = 0.0f, wsum = 0.0f;
-    bool poisoned = false;  // a NaN state (a bad page id) makes the row NaN
-    for (int sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl) {
-      const float x = __ldcg(p.partial_o + (int64_t(sl) * group + gh) * DVO + e);
-      const float l = __ldcg(p.partial_lse + int64_t(sl) * group + gh);
-      poisoned |= l != l;
-      if (!softmax_on) {
-        o += x;
-        continue;
-      }
-      const float w = l == -INFINITY ? 0.0f : exp2f(l - lse_max);
-      o += w * x;
-      wsum += w;
-    }
-    float lse = -INFINITY;
-    if (softmax_on) {
-      o = wsum > 0.0f ? o / wsum : 0.0f;
-      lse = wsum > 0.0f ? lse_max + log2f(wsum) : -INFINITY;
-    }
-    if (poisoned) o = lse = NAN;
+    const FoldedState f =
+        fold_states(p.partial_lse + int64_t(m.slot_begin) * group + gh, group,
+                    p.partial_o + (int64_t(m.slot_begin) * group + gh) * DVO + e, int64_t(group) * DVO,
+                    m.num_slots, softmax_on);
+    // A NaN state (a bad page id) makes the row NaN.
+    const float o = f.nan_state ? NAN : f.o, lse = f.nan_state ? NAN : f.lse;
     const int qo_head = m.kv_head * group + gh;
     store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
     if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;

@@ -3,6 +3,7 @@
 // split rows over query ranges.
 #pragma once
 
+#include "kernels/common/fold_states.cuh"
 #include "kernels/prefill/prefill_mma_kernel.cuh"
 
 namespace kvattn::kernels::prefill {
@@ -27,28 +28,10 @@ __device__ void merge_partials(const PrefillParams& p) {
   for (int i = threadIdx.x; i < rows * DVO; i += blockDim.x) {
     const int row = i / DVO, e = i % DVO;
     const int tq = row / group, gh = row % group;
-    auto slot_row = [&](int32_t sl) { return int64_t(sl) * p.partial_rows + row; };
-    float lse_max = -INFINITY;
-    if (!SIGMOID)
-      for (int32_t sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl)
-        lse_max = fmaxf(lse_max, p.partial_lse[slot_row(sl)]);
-    float o = 0.0f, wsum = 0.0f;
-    for (int32_t sl = m.slot_begin; sl < m.slot_begin + m.num_slots; ++sl) {
-      const float x = p.partial_o[slot_row(sl) * DVO + e];
-      if (SIGMOID) {
-        o += x;
-        continue;
-      }
-      const float l = p.partial_lse[slot_row(sl)];
-      const float w = l == -INFINITY ? 0.0f : exp2f(l - lse_max);
-      o += w * x;
-      wsum += w;
-    }
-    float lse = -INFINITY;
-    if (!SIGMOID) {
-      o = wsum > 0.0f ? o / wsum : 0.0f;
-      lse = wsum > 0.0f ? lse_max + log2f(wsum) : -INFINITY;
-    }
+    const int64_t first = int64_t(m.slot_begin) * p.partial_rows + row;  // slot sl: + sl x partial_rows
+    const FoldedState f = fold_states(p.partial_lse + first, p.partial_rows, p.partial_o + first * DVO + e,
+                                      int64_t(p.partial_rows) * DVO, m.num_slots, !SIGMOID);
+    const float o = f.o, lse = f.lse;
     const int qo_head = m.kv_head * group + gh;
     store_from_f32<ODT>(p.o, (q_row0 + tq) * p.o_stride_n + int64_t(qo_head) * p.o_stride_h + e, o);
     if (p.lse && e == 0) p.lse[(q_row0 + tq) * p.lse_stride_n + int64_t(qo_head) * p.lse_stride_h] = lse;
