@@ -168,7 +168,10 @@ struct PrefillMmaKernel {
     // (8-15, 0-7), (8-15, 8-15) = b0, b1 of n-tile 0 and b0, b1 of n-tile 1.
     const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
     const char* k_lane = ks_base + k_row * C::kPitchK + k_col * 2;
-#pragma unroll
+    // Two k-steps at a time when Q comes from shared memory, not all: fully unrolled, the early
+    // ldmatrix loads pushed m2k64 at hd 128 over 255 registers (48-64 bytes of spill with the
+    // causal mask; cubin frame size). Q fragments in registers need constant indices: unrolled.
+#pragma unroll (kQInRegisters ? C::DQK / 16 : 2)
     for (int ks = 0; ks < C::DQK / 16; ++ks) {
       uint32_t a[MT][4];
 #pragma unroll

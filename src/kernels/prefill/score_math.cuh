@@ -73,12 +73,27 @@ struct ScoreMath {
         const LogitCoord base{it.request, it.head0 + row % C::GH, q_idx, 0, it.kv_len - it.qo_len + q_idx, 0,
                               it.kv_len};
         const bool row_ok = tq < it.q_tokens;
+        // Without a custom mask the visible keys of a row are one range [lo, hi): the item's end,
+        // cut by the causal diagonal and the window's edge (Variant::logits_mask's rules), compared
+        // in 32 bits (positions are int32 in the plan) instead of per key through LogitCoord.
+        const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
+        int32_t lo = row_ok ? -2147483647 - 1 : 2147483647, hi = it.kv_end;  // a row past the item: none
+        if constexpr ((C::FEATURES & kCausal) != 0) hi = min(hi, q_pos + 1);
+        if constexpr ((C::FEATURES & kSlidingWindow) != 0)
+          if (row_ok) lo = q_pos - p.variant.window_left;
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
           LogitCoord c = base;
           c.kv_idx = c.kv_pos = tile0 + n * 8 + 2 * t4 + (j & 1);
           bool visible = true;
-          if (masked) visible = row_ok && c.kv_idx < it.kv_end && Variant::logits_mask(p.variant, c);
+          if (masked) {
+            if constexpr ((C::FEATURES & kCustomMask) != 0) {
+              visible = row_ok && c.kv_idx < it.kv_end && Variant::logits_mask(p.variant, c);
+            } else {
+              const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
+              visible = kv >= lo && kv < hi;
+            }
+          }
           float x = s[mt][n][j];
           if constexpr (kTransform) {
             if constexpr ((C::FEATURES & kSoftCap) != 0)
