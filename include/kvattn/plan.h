@@ -166,6 +166,12 @@ class Plan {
   }
   // Query rows x heads whose KV was split: sum over merge entries of rows x group size.
   int64_t split_rows() const { return split_rows_; }
+  // The most partial slots one merge entry folds (0 when nothing was split).
+  int32_t max_merge_slots() const {
+    int32_t most = 0;
+    for (const MergeEntry& m : merges()) most = m.num_slots > most ? m.num_slots : most;
+    return most;
+  }
 
   // Cost statistics.
   int64_t total_cost() const { return total_cost_; }

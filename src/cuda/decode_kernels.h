@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/jit.h"
+#include "kernels/common/merge_rows.cuh"
 #include "kvattn/dtype.h"
 
 namespace kvattn::cuda {
@@ -59,6 +60,6 @@ int decode_smem_bytes(const DecodeKernelConfig& c);
 KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch);
 // The merge of split rows for the same output dtype, head dim and softmax/sigmoid choice.
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch);
-inline constexpr int kDecodeMergeThreads = 256;
+inline constexpr int kDecodeMergeThreads = kernels::kMergeRowThreads;
 
 }  // namespace kvattn::cuda

@@ -215,6 +215,10 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   b.num_qo_heads = pr.num_qo_heads;
   b.num_kv_heads = pr.num_kv_heads;
   b.variant = pr.variant;
+  // The merge kernel's shape (common/merge_rows.cuh): warps per head from the most slots an entry
+  // has; a captured launch keeps its shape, so graph mode takes a fixed middle value.
+  b.merge_row_warps = opts.cuda_graph ? 4 : kernels::merge_row_warps_for(plan.max_merge_slots());
+  const int heads_per_merge_cta = kernels::kMergeRowWarps / b.merge_row_warps;
 
   config_ = cfg;
   kernel_ = kernel;
@@ -225,6 +229,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   head_chunks_ = head_chunks;
   grid_ = cfg.persistent ? plan.num_workers() : opts.cuda_graph ? plan.item_capacity() : plan.num_items();
   merge_grid_ = fold_in_kernel ? 0 : opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
+  merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
   base_ = b;
 }
@@ -259,7 +264,7 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
                          dim3(unsigned(config_.threads)), args, size_t(smem_bytes_), stream),
         "launching the decode kernel");
   if (merge_grid_ > 0)
-    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_)),
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_), unsigned(merge_grid_y_)),
                            dim3(kDecodeMergeThreads), args, 0, stream),
           "launching the decode merge kernel");
 }

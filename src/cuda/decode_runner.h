@@ -73,7 +73,7 @@ class DecodeRunner {
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
   std::vector<int32_t> qo_indptr_;  // 0, 1, ..., B for the planner
   std::vector<int> active_;         // scratch of the round-robin staging
-  int64_t merge_grid_ = 0, workspace_used_ = 0;
+  int64_t merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
   int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
   // Two pinned host buffers in turn: a plan() waits only for the copy made two plans ago.

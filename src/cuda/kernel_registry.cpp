@@ -53,8 +53,9 @@ std::vector<RegisteredKernel> decode_kernels() {
 // runs; one of each variant family; fp8 KV.
 std::vector<RegisteredKernel> prefill_kernels() {
   std::vector<RegisteredKernel> out;
-  auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo) {
-    PrefillKernelConfig c = choose_prefill_config(q, kv, q, dqk, dvo, group, paged, 16, features, qo);
+  auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
+                 int page_size = 16) {
+    PrefillKernelConfig c = choose_prefill_config(q, kv, q, dqk, dvo, group, paged, page_size, features, qo);
     out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
     KernelSpec m = prefill_merge_spec(c, "sm_80");
     auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
@@ -74,6 +75,27 @@ std::vector<RegisteredKernel> prefill_kernels() {
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kSigmoid, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kRope, 4096);
   add(DType::bf16, DType::e4m3, 128, 128, 4, true, kernels::kCausal, 4096);
+  return out;
+}
+
+// What `kvattn bench prefill` runs beyond the deployment kernels (MHA 32/32: group 1; pages of 1
+// and 16): precompiled before a device call, so that the call spends no time compiling, and read
+// by scripts/kernel-frames.
+std::vector<RegisteredKernel> prefill_bench_kernels() {
+  std::vector<RegisteredKernel> out;
+  auto add = [&](int hd, bool paged, int page_size, uint32_t features) {
+    PrefillKernelConfig c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, paged, page_size,
+                                                  features, 16384);
+    out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
+    KernelSpec m = prefill_merge_spec(c, "sm_80");
+    auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
+    if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return prefill_merge_spec(c, arch); }});
+  };
+  for (int hd : {64, 128, 256})
+    for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);
+  add(128, true, 16, kernels::kCausal);
+  add(128, true, 1, kernels::kCausal);
+  add(128, false, 16, kernels::kCausal | kernels::kSoftCap);
   return out;
 }
 
@@ -101,6 +123,8 @@ std::vector<Preset> build() {
   }
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
+  p.push_back({"bench-prefill", "what `kvattn bench prefill` adds: MHA (group 1), pages of 1 and 16, soft-cap",
+               prefill_bench_kernels()});
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/jit.h"
+#include "kernels/common/merge_rows.cuh"
 #include "kvattn/dtype.h"
 
 namespace kvattn::cuda {
@@ -71,6 +72,6 @@ int prefill_smem_bytes(const PrefillKernelConfig& c);
 KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch);
 // The merge of split rows for the same output dtype, head dim and softmax/sigmoid choice.
 KernelSpec prefill_merge_spec(const PrefillKernelConfig& c, const std::string& arch);
-inline constexpr int kPrefillMergeThreads = 256;
+inline constexpr int kPrefillMergeThreads = kernels::kMergeRowThreads;
 
 }  // namespace kvattn::cuda

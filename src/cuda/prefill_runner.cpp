@@ -166,6 +166,16 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   b.partial_o = reinterpret_cast<float*>(ws + L.partial_o);
   b.partial_lse = reinterpret_cast<float*>(ws + L.partial_lse);
   b.partial_rows = int32_t(rows);
+  // The merge kernel's shape (common/merge_rows.cuh): warps per row from the most slots an entry
+  // has, CTAs per entry from its most rows; a captured launch keeps its shape, so graph mode
+  // takes a fixed middle value and the capacity's rows.
+  b.merge_row_warps = opts.cuda_graph ? 4 : kernels::merge_row_warps_for(plan.max_merge_slots());
+  int64_t merge_rows = rows;
+  if (!opts.cuda_graph) {
+    merge_rows = 0;
+    for (const MergeEntry& m : plan.merges()) merge_rows = std::max<int64_t>(merge_rows, int64_t(m.q_end - m.q_begin) * group);
+  }
+  const int rows_per_merge_cta = kernels::kMergeRowWarps / b.merge_row_warps;
   b.num_qo_heads = pr.num_qo_heads;
   b.num_kv_heads = pr.num_kv_heads;
   b.variant = pr.variant;
@@ -181,6 +191,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   head_chunks_ = head_chunks;
   grid_ = opts.cuda_graph ? plan.item_capacity() : plan.num_items();
   merge_grid_ = opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
+  merge_grid_y_ = std::max<int64_t>(1, (merge_rows + rows_per_merge_cta - 1) / rows_per_merge_cta);
   workspace_used_ = L.end;
   base_ = b;
 }
@@ -212,7 +223,7 @@ void PrefillRunner::run(const PrefillTensors& t, cudaStream_t stream) const {
                          dim3(unsigned(config_.threads())), args, size_t(smem_bytes_), stream),
         "launching the prefill kernel");
   if (merge_grid_ > 0)
-    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_)),
+    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_), unsigned(merge_grid_y_)),
                            dim3(kPrefillMergeThreads), args, 0, stream),
           "launching the prefill merge kernel");
 }

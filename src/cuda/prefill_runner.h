@@ -70,7 +70,7 @@ class PrefillRunner {
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
   std::vector<int> active_;  // scratch of the round-robin staging
-  int64_t grid_ = 0, merge_grid_ = 0, workspace_used_ = 0;
+  int64_t grid_ = 0, merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
   kernels::PrefillParams base_{};  // the plan's part of the kernel parameters
   // Two pinned host buffers in turn: a plan() waits only for the copy made two plans ago.
   struct Staging {

@@ -1,7 +1,7 @@
 // Folding split-KV rows of decode (SEMANTICS.md merge rule, in slot = KV order; sigmoid attention:
 // plain sum), two ways:
-//   - merge_partials (the default): a kernel of its own after the decode kernel, one CTA per merge
-//     entry;
+//   - merge_partials (the default): a kernel of its own after the decode kernel, the heads of a
+//     merge entry spread over CTAs and each head's slots over warps (common/merge_rows.cuh);
 //   - fold_split_if_last (KVATTN_DECODE_MERGE=fold): inside the decode kernel, by the last CTA to finish a
 //     (merge entry, head chunk). Every split CTA stores its partial state, fences, and counts
 //     itself on the entry's counter; the one that completes the count folds the slots, which are
@@ -9,10 +9,11 @@
 //     measured slower on the H200 where an entry has many slots (1 x 32k, 32 slots: 99.7 against
 //     57.8 us) when the fold loaded one slot at a time: a chain of L2 round trips, and a
 //     128-thread decode CTA runs 4 outputs per thread where the 256-thread merge kernel runs 2.
-//     Both now use fold_states (several slots' loads in flight); the fold stays an option.
+//     The fold uses fold_states (several slots' loads in flight); it stays an option.
 #pragma once
 
 #include "kernels/common/fold_states.cuh"
+#include "kernels/common/merge_rows.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/decode/params.cuh"
 #include "kernels/variants/builtin.cuh"
@@ -40,12 +41,26 @@ __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int
   }
 }
 
-// The separate merge kernel's body: one CTA per merge entry, all heads of the group.
+// The separate merge kernel's body: CTA (blockIdx.x, blockIdx.y) folds merge entry blockIdx.x's
+// group heads blockIdx.y x rows_per_cta + ..., p.merge_row_warps warps per head
+// (common/merge_rows.cuh).
 template <int ODT, int DVO, uint32_t FEATURES>
 __device__ void merge_partials(const DecodeParams& p) {
   const DeviceMergeEntry m = p.merges[blockIdx.x];
-  if (m.request < 0) return;
-  fold_slots<ODT, DVO, FEATURES>(p, m, 0, p.num_qo_heads / p.num_kv_heads, threadIdx.x, blockDim.x);
+  if (m.request < 0) return;  // graph-mode padding: the whole CTA leaves
+  const int group = p.num_qo_heads / p.num_kv_heads;
+  const int row_warps = p.merge_row_warps;
+  const int gh = blockIdx.y * (kMergeRowWarps / row_warps) + int(threadIdx.x / 32) / row_warps;
+  const bool valid = gh < group;
+  const int g = valid ? gh : 0;
+  const int qo_head = m.kv_head * group + g;
+  fold_row_across_warps<DVO>(
+      p.partial_lse + int64_t(m.slot_begin) * group + g, group,
+      p.partial_o + (int64_t(m.slot_begin) * group + g) * DVO, int64_t(group) * DVO, m.num_slots,
+      BuiltinVariant<FEATURES>::use_softmax(p.variant), row_warps, valid, [&](int e, float o, float lse) {
+        store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
+        if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
+      });
 }
 
 // Called by every thread of a decode CTA after it stored its item's rows (heads [gh_begin,

@@ -36,6 +36,7 @@ struct PrefillParams {
   float* partial_o;
   float* partial_lse;
   int32_t partial_rows;
+  int32_t merge_row_warps;  // the merge kernel's warps per output row (common/merge_rows.cuh)
 
   int32_t num_qo_heads, num_kv_heads;
   VariantParams variant;  // custom-mask pointers are device pointers

@@ -143,34 +143,17 @@ struct TileIO {
       // Each thread copies chunk c of rows r0, r0 + kStep, ...: one row pointer per pass.
       constexpr int kStep = C::kThreads / kChunks;
       const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
-      if constexpr (C::PAGED) {
-        // Rolled: unrolled, the paged copies (a 64-bit page offset per row) pushed the m2k64 kernel
-        // over 255 registers (104 bytes of spill at hd 128, cubin frame size); rolled, none.
-#pragma unroll 1
-        for (int r = r0, i = 0; i < (C::KV_TILE + kStep - 1) / kStep; ++i, r += kStep) {
-          if (C::KV_TILE % kStep != 0 && r >= C::KV_TILE) break;
-          const int32_t tok = tile0 + r;
-          const bool valid = tok < it.kv_end;
-          int64_t row;
-          if constexpr (C::PAGED)
-            row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
-          else
-            row = int64_t(it.kv_row0 + tok) * stride_token;
-          cp_async_16(dst + r * kPitch + c * 16, valid ? base + row * C::kKVBytes + c * 16 : base, valid);
-        }
-      } else {
 #pragma unroll
-        for (int r = r0, i = 0; i < (C::KV_TILE + kStep - 1) / kStep; ++i, r += kStep) {
-          if (C::KV_TILE % kStep != 0 && r >= C::KV_TILE) break;
-          const int32_t tok = tile0 + r;
-          const bool valid = tok < it.kv_end;
-          int64_t row;
-          if constexpr (C::PAGED)
-            row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
-          else
-            row = int64_t(it.kv_row0 + tok) * stride_token;
-          cp_async_16(dst + r * kPitch + c * 16, valid ? base + row * C::kKVBytes + c * 16 : base, valid);
-        }
+      for (int r = r0, i = 0; i < (C::KV_TILE + kStep - 1) / kStep; ++i, r += kStep) {
+        if (C::KV_TILE % kStep != 0 && r >= C::KV_TILE) break;
+        const int32_t tok = tile0 + r;
+        const bool valid = tok < it.kv_end;
+        int64_t row;
+        if constexpr (C::PAGED)
+          row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
+        else
+          row = int64_t(it.kv_row0 + tok) * stride_token;
+        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row * C::kKVBytes + c * 16 : base, valid);
       }
     } else {
       for (int id = threadIdx.x; id < C::KV_TILE * kChunks; id += C::kThreads) {
