@@ -618,12 +618,17 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     while (k0 < K - 1 && !fits(est(sc.candidates[size_t(k0)]).items)) ++k0;
     schedule(sc.best, sc.tree, pb, sc.candidates[size_t(k0)], true);
     // Branch and bound over the other candidates, only when the first schedule is more than 1/24
-    // above its own mean: each candidate's lower bound is max(largest item, mean load); they are
-    // scheduled in order of that bound (ties: larger S first) until the next bound cannot beat
-    // the best makespan by 1/256, or a budget of placements (the first schedule's, at least 512:
-    // plan() runs on the serving loop's critical path) is spent. A candidate replaces the best only if it is 1/256 better.
+    // above its own mean, or when its mean is more than twice the batch's unsplit mean (splitting
+    // only adds cost: short chunks can balance well around a mean inflated by their per-item and
+    // partial-state costs, e.g. 16 queries x 4096 tokens cut into 64-token chunks, makespan 896
+    // where 128-token chunks reach 512). Each candidate's lower bound is max(largest item, mean
+    // load); they are scheduled in order of that bound (ties: larger S first) until the next bound
+    // cannot beat the best makespan by 1/256, or a budget of placements (the first schedule's, at
+    // least 512: plan() runs on the serving loop's critical path) is spent. A candidate replaces
+    // the best only if it is 1/256 better.
     const int64_t first_mean = (sc.best.total + slice_workers - 1) / slice_workers;
-    if (sc.best.makespan * 24 > first_mean * 25) {
+    const int64_t unsplit_mean = (unsplit_total * slice_heads + slice_workers - 1) / slice_workers;
+    if (sc.best.makespan * 24 > first_mean * 25 || first_mean > 2 * unsplit_mean) {
       sc.bounds.clear();
       for (int k = 0; k < K; ++k) {
         if (k == k0) continue;
