@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/batch_shapes.h"
+#include "kernels/common/merge_rows.cuh"
 #include "kvattn/error.h"
 #include "kvattn/plan.h"
 
@@ -484,6 +485,43 @@ TEST(Planner, NoSplitWhenItBalancesAsWellAsSplitting) {
     kvattn::Plan forced = kvattn::make_plan(in, split);
     EXPECT_GT(forced.num_merges(), 0);
     EXPECT_LE(plan.max_worker_cost(), forced.max_worker_cost()) << "graph " << graph;
+  }
+}
+
+// Cascade level 0: 16 queries as one request over a 4096-token prefix (tile 16 x 64). The first
+// candidate (64-token chunks) balances well around its own mean, which the partial-state costs
+// of its 512 items inflate; the search must still find the coarser split that is cheaper overall.
+TEST(Planner, SearchesPastAFirstSplitThatOnlyLooksBalanced) {
+  std::vector<int32_t> qo{0, 16}, kv{4096};
+  auto in = decode_inputs(qo, kv);
+  in.tile = {16, 64};
+  kvattn::SchedulerOptions opt;
+  opt.num_workers = 264;
+  const kvattn::Plan plan = kvattn::make_plan(in, opt);
+  for (int32_t size : {64, 128, 256, 512}) {
+    kvattn::SchedulerOptions fixed = opt;
+    fixed.fixed_split_size = size;
+    EXPECT_LE(plan.max_worker_cost(), kvattn::make_plan(in, fixed).max_worker_cost()) << "split " << size;
+  }
+  kvattn::SchedulerOptions fine = opt;
+  fine.fixed_split_size = 64;  // what the planner picked before
+  EXPECT_LT(plan.max_worker_cost(), kvattn::make_plan(in, fine).max_worker_cost());
+  EXPECT_GE(plan.split_size(), 128);
+}
+
+// The merge kernels' warps per row (kernels/common/merge_rows.cuh): about 8 slots per warp, at
+// most the CTA's 8 warps, a power of two that divides the CTA.
+TEST(MergeKernelShape, WarpsPerRowGrowWithTheSlots) {
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(0), 1);
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(2), 1);
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(8), 1);
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(9), 2);
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(32), 4);
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(64), 8);
+  EXPECT_EQ(kvattn::kernels::merge_row_warps_for(100000), 8);
+  for (int n = 0; n < 200; ++n) {
+    const int w = kvattn::kernels::merge_row_warps_for(n);
+    EXPECT_EQ(kvattn::kernels::kMergeRowWarps % w, 0) << n;
   }
 }
 
