@@ -233,5 +233,41 @@ TEST(GpuDecode, UnsupportedShapesAreErrors) {
 #endif
 }
 
+// A plan() that fails (here: a batch whose page table does not fit the workspace) changes
+// nothing: schedule() still shows the plan that run() uses.
+TEST(GpuDecode, FailedPlanLeavesTheLastGoodSchedule) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  auto plan_for = [](int requests, int pages_each, std::vector<HostTensor>& keep) {
+    std::vector<int32_t> indptr{0}, indices, last;
+    for (int b = 0; b < requests; ++b) {
+      for (int i = 0; i < pages_each; ++i) indices.push_back(int32_t(indices.size()));
+      indptr.push_back(int32_t(indices.size()));
+      last.push_back(7);
+    }
+    keep = {int32_tensor(indptr), int32_tensor(indices), int32_tensor(last)};
+    kvattn::BatchDecodePlan p;
+    p.num_qo_heads = 32;
+    p.num_kv_heads = 8;
+    p.head_dim_qk = 128;
+    p.page_size = 16;
+    p.page_table = {keep[0].view(), keep[1].view(), keep[2].view()};
+    return p;
+  };
+  DeviceBytes ws(1 << 20);
+  kvattn::BatchDecode op(ws.view());
+  std::vector<HostTensor> small_keep, big_keep;
+  op.plan(plan_for(3, 40, small_keep));
+  ASSERT_NE(op.schedule(), nullptr);
+  const int64_t items = op.schedule()->num_items(), merges = op.schedule()->num_merges();
+  EXPECT_EQ(op.schedule()->batch_size(), 3);
+  // 2048 x 256 page ids (2 MiB) do not fit a 1 MiB workspace.
+  EXPECT_KVATTN_ERROR(op.plan(plan_for(2048, 256, big_keep)), "the workspace is too small");
+  EXPECT_EQ(op.schedule()->batch_size(), 3);
+  EXPECT_EQ(op.schedule()->num_items(), items);
+  EXPECT_EQ(op.schedule()->num_merges(), merges);
+#endif
+}
+
 }  // namespace
 }  // namespace kvattn_test

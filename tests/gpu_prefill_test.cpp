@@ -273,6 +273,39 @@ TEST(GpuPrefill, MisalignedKVIsAnError) {
   run_prefill_case(c, rng);
 }
 
+// A plan() that fails (a batch too big for the workspace) changes nothing: schedule() still
+// shows the plan that run() uses.
+TEST(GpuPrefill, FailedPlanLeavesTheLastGoodSchedule) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  auto indptr = [](int requests, int each) {
+    std::vector<int32_t> v{0};
+    for (int b = 0; b < requests; ++b) v.push_back(v.back() + each);
+    return int32_tensor(v);
+  };
+  HostTensor qo_small = indptr(2, 100), kv_small = indptr(2, 300), qo_big = indptr(4096, 64), kv_big = indptr(4096, 64);
+  kvattn::BatchPrefillPlan p;
+  p.num_qo_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim_qk = 128;
+  p.q_dtype = DType::bf16;
+  p.qo_indptr = qo_small.view();
+  p.kv_indptr = kv_small.view();
+  DeviceBytes ws(1 << 20);
+  kvattn::BatchPrefill op(ws.view());
+  op.plan(p);
+  ASSERT_NE(op.schedule(), nullptr);
+  const int64_t items = op.schedule()->num_items();
+  EXPECT_EQ(op.schedule()->batch_size(), 2);
+  // 4096 requests x 8 KV heads of 32-byte work items (1 MiB) and their indptrs do not fit 1 MiB.
+  p.qo_indptr = qo_big.view();
+  p.kv_indptr = kv_big.view();
+  EXPECT_KVATTN_ERROR(op.plan(p), "the workspace is too small");
+  EXPECT_EQ(op.schedule()->batch_size(), 2);
+  EXPECT_EQ(op.schedule()->num_items(), items);
+#endif
+}
+
 TEST(GpuPrefill, UnsupportedShapesAreErrors) {
   SKIP_WITHOUT_GPU();
 #if KVATTN_WITH_CUDA

@@ -111,7 +111,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   in.head_dim_vo = pr.head_dim_vo;
   in.tile = TileShape{1, cfg.tile_tokens};
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
-  const Plan& plan = planner_.plan(in, opts);
+  const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
   trace.mark("planner");
 
   // Lay out the workspace.
@@ -232,6 +232,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
   base_ = b;
+  live_ ^= 1;
 }
 
 void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {

@@ -81,7 +81,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   in.tile = TileShape{cfg.query_tokens(), cfg.kv_tile};
   in.causal = (pr.variant.features & kernels::kCausal) != 0;
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
-  const Plan& plan = planner_.plan(in, opts);
+  const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
 
   // Lay out the workspace.
   const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
@@ -194,6 +194,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   merge_grid_y_ = std::max<int64_t>(1, (merge_rows + rows_per_merge_cta - 1) / rows_per_merge_cta);
   workspace_used_ = L.end;
   base_ = b;
+  live_ ^= 1;
 }
 
 void PrefillRunner::run(const PrefillTensors& t, cudaStream_t stream) const {

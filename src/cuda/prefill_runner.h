@@ -59,13 +59,16 @@ class PrefillRunner {
             cudaStream_t stream);
   void run(const PrefillTensors& t, cudaStream_t stream) const;
 
-  const Plan& schedule() const { return planner_.current(); }
+  const Plan& schedule() const { return planners_[live_].current(); }
   const PrefillKernelConfig& config() const { return config_; }
   bool planned() const { return kernel_ != nullptr; }
   int64_t workspace_used() const { return workspace_used_; }
 
  private:
-  Planner planner_;
+  // plan() plans into the spare planner and makes it the live one only when it succeeds, so a
+  // failed plan() (a workspace too small, ...) leaves schedule() showing the plan run() uses.
+  Planner planners_[2];
+  int live_ = 0;
   PrefillKernelConfig config_;
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
