@@ -61,13 +61,6 @@ static bool bulk_copies(const DeviceInfo& dev) {
   return dev.cc_major >= 9 && dev.max_smem_per_block_optin >= 200 * 1024;
 }
 
-DecodeRunner::~DecodeRunner() {
-  for (Staging& st : staging_) {
-    if (st.copied) cudaEventDestroy(st.copied);
-    if (st.host) cudaFreeHost(st.host);
-  }
-}
-
 void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t workspace_bytes,
                         int device, cudaStream_t stream) {
   PhaseTrace trace;
@@ -137,20 +130,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
                " bytes, the workspace has ", workspace_bytes);
 
   // Stage metadata and page ids in pinned memory (the buffer used two plans ago), then one copy.
-  Staging& st = staging_[next_staging_];
   const int64_t copy_bytes = L.end - L.meta_begin();
-  if (st.copied) check(cudaEventSynchronize(st.copied), "waiting for an earlier plan's copy");
-  if (copy_bytes > st.bytes) {
-    if (st.host) check(cudaFreeHost(st.host), "freeing a plan staging buffer");
-    st.host = nullptr;
-    st.bytes = 0;
-    const int64_t want = std::max<int64_t>(copy_bytes * 5 / 4, int64_t(1) << 16);
-    check(cudaMallocHost(&st.host, size_t(want)), "allocating a plan staging buffer");
-    st.bytes = want;
-  }
-  if (!st.copied) check(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming), "creating an event");
+  char* host = staging_.acquire(copy_bytes) - L.meta_begin();  // host + offset mirrors the workspace
   trace.mark("wait+alloc");
-  char* host = static_cast<char*>(st.host) - L.meta_begin();  // host + offset mirrors the workspace
   auto* items = reinterpret_cast<WorkItem*>(host + L.items);
   auto* wb = reinterpret_cast<int32_t*>(host + L.worker_begin);
   int64_t pos = 0;
@@ -159,26 +141,13 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
       wb[w] = int32_t(pos);
       for (const WorkItem& it : plan.worker_items(w)) items[pos++] = it;
     }
-  } else {  // one CTA per item: round-robin over the workers' lists, so the longest items start first
-    active_.clear();
-    for (int w = 0; w < plan.num_workers(); ++w)
-      if (!plan.worker_items(w).empty()) active_.push_back(w);
-    for (size_t i = 0; !active_.empty(); ++i) {  // O(items): exhausted workers drop out
-      size_t kept = 0;
-      for (int w : active_) {
-        auto list = plan.worker_items(w);
-        items[pos++] = list[i];
-        if (i + 1 < list.size()) active_[kept++] = w;
-      }
-      active_.resize(kept);
-    }
+    for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
+  } else {  // one CTA per item
+    pos = stage_items_round_robin(plan, items, active_);
     for (int w = 0; w <= plan.num_workers(); ++w) wb[w] = 0;
   }
   wb[plan.num_workers()] = int32_t(pos);
-  for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
-  auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
-  std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
-  for (int64_t i = plan.num_merges(); i < merge_cap; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
+  stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
   auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
   std::memset(slot_merge, 0, size_t(plan.slot_capacity()) * 4);
   for (int64_t i = 0; i < plan.num_merges(); ++i) {
@@ -191,10 +160,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   std::memset(host + L.error, 0, kErrorWords * 4);
   if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
-  check(cudaMemcpyAsync(ws + L.meta_begin(), st.host, size_t(copy_bytes), cudaMemcpyHostToDevice, stream),
-        "copying the plan");
-  check(cudaEventRecord(st.copied, stream), "recording the plan's copy");
-  next_staging_ ^= 1;
+  staging_.commit(ws + L.meta_begin(), copy_bytes, stream);
   trace.mark("stage+copy");
 
   kernels::DecodeParams b{};

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/decode_kernels.h"
+#include "cuda/plan_staging.h"
 #include "kernels/decode/params.cuh"
 #include "kvattn/plan.h"
 
@@ -47,7 +48,7 @@ struct DecodeTensors {
 class DecodeRunner {
  public:
   DecodeRunner() = default;
-  ~DecodeRunner();
+  ~DecodeRunner() = default;
   DecodeRunner(const DecodeRunner&) = delete;
   DecodeRunner& operator=(const DecodeRunner&) = delete;
 
@@ -79,14 +80,7 @@ class DecodeRunner {
   int64_t merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
   int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
-  // Two pinned host buffers in turn: a plan() waits only for the copy made two plans ago.
-  struct Staging {
-    void* host = nullptr;
-    int64_t bytes = 0;
-    cudaEvent_t copied = nullptr;  // the copy out of `host` has finished
-  };
-  Staging staging_[2];
-  int next_staging_ = 0;
+  PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
 };
 
 }  // namespace kvattn::cuda

@@ -28,13 +28,6 @@ struct WorkspaceLayout {
 };
 }  // namespace
 
-PrefillRunner::~PrefillRunner() {
-  for (Staging& st : staging_) {
-    if (st.copied) cudaEventDestroy(st.copied);
-    if (st.host) cudaFreeHost(st.host);
-  }
-}
-
 void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t workspace_bytes, int device,
                          cudaStream_t stream) {
   require_cuda("BatchPrefill.plan on a CUDA workspace");
@@ -104,38 +97,10 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
                " bytes, the workspace has ", workspace_bytes);
 
   // Stage everything in pinned memory (the buffer used two plans ago), then one copy.
-  Staging& st = staging_[next_staging_];
   const int64_t copy_bytes = L.end - L.items;
-  if (st.copied) check(cudaEventSynchronize(st.copied), "waiting for an earlier plan's copy");
-  if (copy_bytes > st.bytes) {
-    if (st.host) check(cudaFreeHost(st.host), "freeing a plan staging buffer");
-    st.host = nullptr;
-    st.bytes = 0;
-    const int64_t want = std::max<int64_t>(copy_bytes * 5 / 4, int64_t(1) << 16);
-    check(cudaMallocHost(&st.host, size_t(want)), "allocating a plan staging buffer");
-    st.bytes = want;
-  }
-  if (!st.copied) check(cudaEventCreateWithFlags(&st.copied, cudaEventDisableTiming), "creating an event");
-  char* host = static_cast<char*>(st.host) - L.items;  // host + offset mirrors the workspace
-  auto* items = reinterpret_cast<WorkItem*>(host + L.items);
-  // One CTA per item: round-robin over the workers' lists, so the longest items start first.
-  int64_t pos = 0;
-  active_.clear();
-  for (int w = 0; w < plan.num_workers(); ++w)
-    if (!plan.worker_items(w).empty()) active_.push_back(w);
-  for (size_t i = 0; !active_.empty(); ++i) {
-    size_t kept = 0;
-    for (int w : active_) {
-      auto list = plan.worker_items(w);
-      items[pos++] = list[i];
-      if (i + 1 < list.size()) active_[kept++] = w;
-    }
-    active_.resize(kept);
-  }
-  for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
-  auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
-  std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
-  for (int64_t i = plan.num_merges(); i < merge_cap; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
+  char* host = staging_.acquire(copy_bytes) - L.items;  // host + offset mirrors the workspace
+  stage_items_round_robin(plan, reinterpret_cast<WorkItem*>(host + L.items), active_);
+  stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
   auto copy_ints = [&](int64_t at, std::span<const int32_t> v) {
     if (!v.empty()) std::memcpy(host + at, v.data(), v.size_bytes());
   };
@@ -150,10 +115,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     if (!pr.custom_mask.empty()) std::memcpy(host + L.mask, pr.custom_mask.data(), pr.custom_mask.size());
   }
   char* ws = static_cast<char*>(workspace);
-  check(cudaMemcpyAsync(ws + L.items, st.host, size_t(copy_bytes), cudaMemcpyHostToDevice, stream),
-        "copying the plan");
-  check(cudaEventRecord(st.copied, stream), "recording the plan's copy");
-  next_staging_ ^= 1;
+  staging_.commit(ws + L.items, copy_bytes, stream);
 
   kernels::PrefillParams b{};
   b.qo_indptr = reinterpret_cast<const int32_t*>(ws + L.qo_indptr);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/prefill_kernels.h"
+#include "cuda/plan_staging.h"
 #include "kernels/prefill/params.cuh"
 #include "kvattn/plan.h"
 
@@ -49,7 +50,7 @@ struct PrefillTensors {
 class PrefillRunner {
  public:
   PrefillRunner() = default;
-  ~PrefillRunner();
+  ~PrefillRunner() = default;
   PrefillRunner(const PrefillRunner&) = delete;
   PrefillRunner& operator=(const PrefillRunner&) = delete;
 
@@ -75,14 +76,7 @@ class PrefillRunner {
   std::vector<int> active_;  // scratch of the round-robin staging
   int64_t grid_ = 0, merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
   kernels::PrefillParams base_{};  // the plan's part of the kernel parameters
-  // Two pinned host buffers in turn: a plan() waits only for the copy made two plans ago.
-  struct Staging {
-    void* host = nullptr;
-    int64_t bytes = 0;
-    cudaEvent_t copied = nullptr;
-  };
-  Staging staging_[2];
-  int next_staging_ = 0;
+  PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
 };
 
 }  // namespace kvattn::cuda

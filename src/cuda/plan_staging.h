@@ -1,0 +1,47 @@
+// What the decode and prefill runners share when plan() moves a plan to the device: the pinned
+// staging buffers of the one host-to-device copy, and the layout of the work list and merge table.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kvattn/plan.h"
+
+namespace kvattn::cuda {
+
+// Two pinned host buffers used in turn, so that a plan() waits only for the copy it made two
+// plans ago (the previous plan's copy may still be in flight on the caller's stream).
+class PlanStaging {
+ public:
+  PlanStaging() = default;
+  ~PlanStaging();
+  PlanStaging(const PlanStaging&) = delete;
+  PlanStaging& operator=(const PlanStaging&) = delete;
+
+  // A host buffer of at least `bytes` for this plan; waits for that buffer's earlier copy.
+  char* acquire(int64_t bytes);
+  // Copies the first `bytes` of the acquired buffer to `device_dst` on `stream` and hands the
+  // buffer back until two plans later.
+  void commit(void* device_dst, int64_t bytes, cudaStream_t stream);
+
+ private:
+  struct Buffer {
+    void* host = nullptr;
+    int64_t bytes = 0;
+    cudaEvent_t copied = nullptr;  // the copy out of `host` has finished
+  };
+  Buffer buffers_[2];
+  int next_ = 0;
+};
+
+// One CTA per item: the workers' lists interleaved round-robin, so the longest items start first;
+// then inactive padding up to the plan's item capacity (graph mode). Returns the active items.
+// `active` is scratch.
+int64_t stage_items_round_robin(const Plan& plan, WorkItem* items, std::vector<int>& active);
+
+// The merge table, then unused entries (request -1) up to `capacity`.
+void stage_merges(const Plan& plan, MergeEntry* merges, int64_t capacity);
+
+}  // namespace kvattn::cuda
