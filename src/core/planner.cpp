@@ -59,13 +59,16 @@ struct Assign {
 
 // Cut of a visible range of L tokens for split size S (kNoSplit: one chunk). With `balanced`, the
 // n = ceil(L / S) chunks have equal size rounded up to `align`; otherwise exactly S (fixed split).
+// Lengths are int32 token counts (checked on input), so the cuts divide in 32 bits (unsigned: the
+// planner's estimates run these divisions for every long request and candidate).
 inline Cut cut_range(int64_t L, int64_t S, int64_t align, bool balanced) {
   if (L <= S) return {int32_t(L), 1};
-  if (!balanced) return {int32_t(S), int32_t((L + S - 1) / S)};
-  int64_t n = (L + S - 1) / S;
-  int64_t piece = (L + n - 1) / n;
-  piece = (piece + align - 1) / align * align;
-  return {int32_t(piece), int32_t((L + piece - 1) / piece)};
+  const uint32_t l = uint32_t(L), s = uint32_t(S), a = uint32_t(align);
+  if (!balanced) return {int32_t(s), int32_t((l - 1) / s + 1)};
+  const uint32_t n = (l - 1) / s + 1;
+  uint32_t piece = (l - 1) / n + 1;
+  piece = (piece + a - 1) / a * a;
+  return {int32_t(piece), int32_t((l - 1) / piece + 1)};
 }
 
 struct Estimate {
@@ -138,6 +141,7 @@ struct Planner::Scratch {
   std::vector<int64_t> suffix_cost, suffix_max;
   std::vector<uint64_t> keys;
   std::vector<uint32_t> radix_count;
+  std::vector<std::pair<int32_t, Estimate>> estimates;  // this plan's, by split size
   std::vector<int32_t> candidates;
   std::vector<Bound> bounds;
   std::vector<int32_t> cursor;
@@ -563,11 +567,17 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   // ---- split size ----------------------------------------------------------------------------
   const Problem pb{&sc.groups,  &sc.order,     &sc.by_len, &sc.suffix_cost, &sc.suffix_max, align,
                    slice_heads, slice_workers, cm};
+  // Estimates are memoised per split size: the binary search and the bounds ask for the same ones.
+  sc.estimates.clear();
   auto est = [&](int32_t split) {
     if (split >= max_len)
       return Estimate{unsplit_total * slice_heads, max_cost, int64_t(G) * slice_heads};
+    for (const auto& [size, e] : sc.estimates)
+      if (size == split) return e;
     if (!have_by_len) build_by_len();
-    return estimate(pb, split);
+    const Estimate e = estimate(pb, split);
+    sc.estimates.push_back({split, e});
+    return e;
   };
   auto fits = [&](int64_t slice_items) {
     return split_budget < 0 || slice_items * slices - unsplit_items <= split_budget;
