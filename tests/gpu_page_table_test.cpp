@@ -157,6 +157,35 @@ TEST(GpuPageTable, DeviceIdsNeedAGpuWorkspace) {
   EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0");
 }
 
+// A GPU workspace must be 16-byte aligned (the kernels move partial states and work items in
+// 16-byte pieces): checked at plan(), before any device work, so this runs without a GPU.
+TEST(GpuWorkspace, MisalignedWorkspaceIsAnError) {
+#if KVATTN_WITH_CUDA
+  alignas(16) static uint8_t fake[64];
+  const kvattn::TensorView misaligned(fake + 4, DType::u8, {32}, kvattn::Device::cuda(0));
+  std::vector<int32_t> indptr{0, 1}, indices{0}, last{1};
+  HostTensor ti = int32_tensor(indptr), tx = int32_tensor(indices), tl = int32_tensor(last);
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 4;
+  p.num_kv_heads = 1;
+  p.head_dim_qk = 64;
+  p.page_size = 16;
+  p.page_table = {ti.view(), tx.view(), tl.view()};
+  kvattn::BatchDecode decode(misaligned);
+  EXPECT_KVATTN_ERROR(decode.plan(p), "workspace must be 16-byte aligned on the GPU, got address 0x");
+  kvattn::BatchPrefillPlan pp;
+  static_cast<kvattn::AttentionShape&>(pp) = p;
+  HostTensor qo = int32_tensor({0, 1});
+  pp.qo_indptr = qo.view();
+  pp.page_table = p.page_table;
+  pp.page_size = 16;
+  kvattn::BatchPrefill prefill(misaligned);
+  EXPECT_KVATTN_ERROR(prefill.plan(pp), "workspace must be 16-byte aligned on the GPU");
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
 TEST(GpuPageTable, DeviceTableShapeIsCheckedOnTheHost) {
   SKIP_WITHOUT_GPU();
 #if KVATTN_WITH_CUDA

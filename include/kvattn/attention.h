@@ -41,7 +41,8 @@ struct BatchDecodePlan : AttentionShape {
 
 class BatchDecode {
  public:
-  // The workspace is a byte buffer on the device that runs the kernels; the CPU backend needs none.
+  // The workspace is a byte buffer on the device that runs the kernels (on a GPU: 1-D, contiguous,
+  // 16-byte aligned, as cudaMalloc and torch allocations are); the CPU backend needs none.
   explicit BatchDecode(TensorView workspace = {}, KVLayout kv_layout = KVLayout::NHD);
   ~BatchDecode();
   BatchDecode(BatchDecode&&) noexcept;
@@ -90,6 +91,7 @@ struct BatchPrefillPlan : AttentionShape {
 
 class BatchPrefill {
  public:
+  // The workspace: as BatchDecode's (16-byte aligned on a GPU).
   explicit BatchPrefill(TensorView workspace = {}, KVLayout kv_layout = KVLayout::NHD);
   ~BatchPrefill();
   BatchPrefill(BatchPrefill&&) noexcept;

@@ -278,11 +278,9 @@ void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const T
                      const validate::PageTableInfo& table, const SchedulerOptions& scheduler,
                      void* stream) {
 #if KVATTN_WITH_CUDA
-  validate::ndim("workspace", workspace, 1);
+  validate::gpu_workspace(workspace);
   KVATTN_CHECK(!table.device_indices || table.indices_device == workspace.device(), "kv_indices is on ",
                table.indices_device.str(), " but the workspace is on ", workspace.device().str());
-  KVATTN_CHECK(workspace.is_contiguous() && workspace.data() != nullptr,
-               "workspace must be a contiguous, non-null buffer, got ", workspace.describe());
   plan.gpu_decode = previous && previous->gpu_decode ? previous->gpu_decode
                                                      : std::make_shared<cuda::DecodeRunner>();
   std::vector<int32_t> kv_len(plan.kv_len.begin(), plan.kv_len.end());

@@ -25,9 +25,7 @@ void check_kv_alignment(const char* name, const TensorView& t, int ndim_checked)
 
 void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
                       const SchedulerOptions& scheduler, void* stream) {
-  validate::ndim("workspace", workspace, 1);
-  KVATTN_CHECK(workspace.is_contiguous() && workspace.data() != nullptr,
-               "workspace must be a contiguous, non-null buffer, got ", workspace.describe());
+  validate::gpu_workspace(workspace);
   plan.gpu_prefill = previous && previous->gpu_prefill ? previous->gpu_prefill
                                                        : std::make_shared<cuda::PrefillRunner>();
   std::vector<int32_t> kv_len(plan.kv_len.size());

@@ -44,6 +44,15 @@ void host(std::string_view name, const TensorView& t) {
   KVATTN_CHECK(t.device().is_cpu(), name, " must be on the host (cpu), got ", t.device().str());
 }
 
+void gpu_workspace(const TensorView& workspace) {
+  ndim("workspace", workspace, 1);
+  KVATTN_CHECK(workspace.is_contiguous() && workspace.data() != nullptr,
+               "workspace must be a contiguous, non-null buffer, got ", workspace.describe());
+  const auto address = reinterpret_cast<uintptr_t>(workspace.data());
+  KVATTN_CHECK(address % 16 == 0, "workspace must be 16-byte aligned on the GPU, got address 0x", std::hex,
+               address, std::dec, " (", workspace.describe(), ")");
+}
+
 std::span<const int32_t> int32_array(std::string_view name, const TensorView& t,
                                      int64_t expected_len) {
   ndim(name, t, 1);

@@ -22,6 +22,9 @@ void last_dim_contiguous(std::string_view name, const TensorView& t);
 void same_device(std::string_view name, const TensorView& t, Device expected,
                  std::string_view expected_from);
 void host(std::string_view name, const TensorView& t);
+// The workspace of a GPU plan: 1-D, contiguous, non-null and 16-byte aligned (the kernels move
+// their partial states and work items in 16-byte pieces; a misaligned address would fault).
+void gpu_workspace(const TensorView& workspace);
 
 // A 1-D int32 host array, optionally of an exact length; returns its elements (the view must be
 // contiguous).
