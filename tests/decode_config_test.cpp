@@ -9,6 +9,7 @@
 #include "cuda/decode_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "support/expect_error.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -16,6 +17,8 @@ using kvattn::DType;
 using kvattn::cuda::choose_decode_config;
 using kvattn::cuda::decode_smem_bytes;
 using kvattn::cuda::decode_folds_in_kernel;
+using kvattn::cuda::decode_uses_prefill_kernels;
+namespace kernels = kvattn::kernels;
 
 TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQ) {
   auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
@@ -53,24 +56,11 @@ TEST(DecodeConfig, SharedMemoryLeavesTwoCtasPerSm) {
     }
 }
 
-// Sets KVATTN_DECODE_KERNEL (or another variable) for one scope and restores what was there (the
-// GPU tests may run in this process with KVATTN_DECODE_KERNEL=transposed or =bulk).
-class DecodeKernelEnv {
+// KVATTN_DECODE_KERNEL (or another variable) for one scope (the GPU tests may run in this process
+// with KVATTN_DECODE_KERNEL=transposed or =bulk).
+class DecodeKernelEnv : public kvattn_test::ScopedEnv {
  public:
-  explicit DecodeKernelEnv(const char* value, const char* name = "KVATTN_DECODE_KERNEL") : name_(name) {
-    if (const char* old = std::getenv(name_)) saved_ = old, had_ = true;
-    if (value) ::setenv(name_, value, 1);
-    else ::unsetenv(name_);
-  }
-  ~DecodeKernelEnv() {
-    if (had_) ::setenv(name_, saved_.c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string saved_;
-  bool had_ = false;
+  explicit DecodeKernelEnv(const char* value, const char* name = "KVATTN_DECODE_KERNEL") : ScopedEnv(name, value) {}
 };
 
 TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
@@ -171,11 +161,50 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
 TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
   DecodeKernelEnv env("fast");
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not 'fast'");
+                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not 'fast'");
 }
 
 // Split rows fold in the separate merge kernel unless KVATTN_DECODE_MERGE=fold asks for the
 // in-kernel fold; other values are errors.
+// BatchDecode on the prefill kernels (decode_kernels.h documents why): only where the decode
+// kernel would be the cp.async tensor-core one, the group has >= 4 heads and the page table is
+// on the host; KVATTN_DECODE_KERNEL forces either way.
+TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
+  const DType bf = DType::bf16, f16 = DType::f16, e4 = DType::e4m3;
+  {
+    DecodeKernelEnv env(nullptr);
+    // A device without bulk copies (sm_80/86/89, sm_120): GQA groups of 4 and more.
+    EXPECT_TRUE(decode_uses_prefill_kernels(bf, bf, 128, 4, 0, false, true));
+    EXPECT_TRUE(decode_uses_prefill_kernels(f16, f16, 64, 8, kernels::kSoftCap, false, true));
+    EXPECT_TRUE(decode_uses_prefill_kernels(bf, bf, 256, 16, kernels::kSlidingWindow, false, true));
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 1, 0, false, true));  // MHA
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 2, 0, false, true));
+    // The bulk-copy decode kernel (sm_90, sm_100) is as fast or faster.
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 4, 0, true, true));
+    // Not the tensor-core decode kernel: fp8 KV, fused RoPE, mixed q/KV types.
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, e4, 128, 4, 0, false, true));
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 4, kernels::kRope, false, true));
+    EXPECT_FALSE(decode_uses_prefill_kernels(f16, bf, 128, 4, 0, false, true));
+    // A device-resident page table stays on the decode kernels, which read it in place.
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 4, 0, false, false));
+  }
+  {
+    DecodeKernelEnv env("prefill");
+    EXPECT_TRUE(decode_uses_prefill_kernels(bf, bf, 128, 1, 0, true, true));
+    EXPECT_TRUE(decode_uses_prefill_kernels(bf, e4, 128, 4, kernels::kRope, true, true));
+    EXPECT_FALSE(decode_uses_prefill_kernels(DType::f32, DType::f32, 128, 4, 0, true, true));  // unsupported there
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 512, 4, 0, true, true));
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 4, 0, true, false));
+  }
+  for (const char* kernel : {"mma", "transposed", "bulk"}) {
+    DecodeKernelEnv env(kernel);
+    EXPECT_FALSE(decode_uses_prefill_kernels(bf, bf, 128, 4, 0, false, true)) << kernel;
+  }
+  DecodeKernelEnv env("prefil");
+  EXPECT_KVATTN_ERROR(decode_uses_prefill_kernels(bf, bf, 128, 4, 0, false, true),
+                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not 'prefil'");
+}
+
 TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {
   {
     DecodeKernelEnv env(nullptr, "KVATTN_DECODE_MERGE");

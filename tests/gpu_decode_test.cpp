@@ -9,6 +9,7 @@
 #include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
+#include "support/scoped_env.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -126,6 +127,46 @@ TEST(GpuDecode, Variants) {
     for (DType kv : {DType::bf16, DType::e5m2}) {
       KVATTN_CASE_RNG(rng);
       AttnCase c = gpu_case(DType::bf16, kv);
+      c.lens = lens_of(rng, 3, 0, 400);
+      c.num_qo_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim_qk = 64;
+      c.page_size = 16;
+      c.variant = v;
+      SCOPED_TRACE(v.describe());
+      run_decode_case(c, rng);
+    }
+}
+
+// BatchDecode on the prefill kernels (cuda::decode_uses_prefill_kernels: the default on devices
+// without bulk copies for GQA groups >= 4; forced here so that every GPU runs it): group sizes,
+// page sizes, layouts, short, empty and long requests, variants, fp8 KV, against float64.
+TEST(GpuDecode, OnThePrefillKernels) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
+  for (int group : {1, 4, 8})
+    for (int ps : {1, 16})
+      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+        KVATTN_CASE_RNG(rng);
+        AttnCase c = gpu_case(DType::bf16, DType::bf16);
+        c.lens = lens_of(rng, 5, 0, 700);
+        c.lens.push_back({1, 3000});
+        c.num_kv_heads = 2;
+        c.num_qo_heads = 2 * group;
+        c.head_dim_qk = 128;
+        c.page_size = ps;
+        c.layout = layout;
+        run_decode_case(c, rng);
+      }
+  const kvattn::Variant variants[] = {
+      kvattn::variants::sliding_window(40), kvattn::variants::soft_cap(5.0f), kvattn::variants::alibi(),
+      kvattn::variants::rope(),             kvattn::variants::sigmoid(-1.0f),
+      kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f)};
+  for (const auto& v : variants)
+    for (DType kv : {DType::f16, DType::e4m3}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::f16, kv);
+      c.tolerance.accumulation = 0x1p-10;  // the prefill kernels round P to q's dtype (f16) for P V
       c.lens = lens_of(rng, 3, 0, 400);
       c.num_qo_heads = 8;
       c.num_kv_heads = 2;

@@ -274,6 +274,22 @@ void run_cpu(const AttentionPlan& plan, const cpu::EngineProblem& p, const Tenso
 }
 
 // ---- GPU decode -------------------------------------------------------------------------------
+// BatchDecode's choice between the decode kernels and the prefill kernels
+// (cuda::decode_uses_prefill_kernels documents the heuristic).
+bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& workspace,
+                               const validate::PageTableInfo& table) {
+#if KVATTN_WITH_CUDA
+  validate::gpu_workspace(workspace);
+  const auto& s = plan.shape;
+  return cuda::decode_uses_prefill_kernels(s.q_dtype, s.kv_dtype, s.head_dim_qk, s.num_qo_heads / s.num_kv_heads,
+                                           plan.variant.features, cuda::device_has_bulk_decode(workspace.device().index),
+                                           table.device_indices == nullptr);
+#else
+  (void)plan; (void)workspace; (void)table;
+  return false;  // plan_decode_gpu says why there is no GPU path
+#endif
+}
+
 void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
                      const validate::PageTableInfo& table, const SchedulerOptions& scheduler,
                      void* stream) {
@@ -326,6 +342,10 @@ void run_decode_gpu(const AttentionPlan& plan, const TensorView& q, const PagedK
                    "); the GPU decode kernels copy 16-byte pieces of each row");
   }
 #if KVATTN_WITH_CUDA
+  if (plan.gpu_prefill) {  // decode on the prefill kernels: one query per request
+    detail::run_prefill_gpu(plan, q, &kv, nullptr, nullptr, out, lse, stream, "BatchDecode");
+    return;
+  }
   KVATTN_CHECK(plan.gpu_decode != nullptr, "q is on ", q.device().str(),
                " but BatchDecode was planned for the CPU (give it a CUDA workspace)");
   cuda::DecodeTensors t{};
@@ -378,7 +398,12 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   if (gpu) {
     plan->scheduler = params.scheduler;
-    plan_decode_gpu(*plan, plan_.get(), workspace_, table, params.scheduler, stream);
+    if (decode_on_prefill_kernels(*plan, workspace_, table)) {
+      plan->kv_indices.assign(table.indices.begin(), table.indices.end());
+      detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
+    } else {
+      plan_decode_gpu(*plan, plan_.get(), workspace_, table, params.scheduler, stream);
+    }
   } else {
     plan_cpu(*plan, params.scheduler);
   }
@@ -411,6 +436,7 @@ const Plan* BatchDecode::schedule() const {
   if (!plan_) return nullptr;
 #if KVATTN_WITH_CUDA
   if (plan_->gpu_decode) return &plan_->gpu_decode->schedule();
+  if (plan_->gpu_prefill) return &plan_->gpu_prefill->schedule();
 #endif
   return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
 }

@@ -54,6 +54,7 @@ void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const 
   pr.custom_mask = plan.custom_mask;
   pr.mask_indptr = plan.mask_indptr;
   pr.scheduler = scheduler;
+  pr.one_query_per_request = plan.is_decode;
   plan.gpu_prefill->plan(pr, workspace.data(), workspace.numel() * int64_t(dtype_size(workspace.dtype())),
                          workspace.device().index, static_cast<cudaStream_t>(stream));
 }

@@ -62,8 +62,8 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements.
   const char* env = std::getenv("KVATTN_DECODE_KERNEL");
   const std::string kernel = env ? env : "";
-  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk",
-               "KVATTN_DECODE_KERNEL is mma, transposed or bulk, not '", kernel, "'");
+  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
+               "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
   c.transposed = c.tensor_cores && kernel == "transposed";
   c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
   int smem_limit = 110 * 1024;
@@ -148,6 +148,27 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
                  "  kvattn::kernels::decode::" + (c.persistent ? "run_worker<" : "run_one_item<") +
                  kernel + ">(p, smem);\n}\n";
   return spec;
+}
+
+bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int group_size, uint32_t features,
+                                 bool bulk_copies, bool host_page_table) {
+  const char* env = std::getenv("KVATTN_DECODE_KERNEL");
+  const std::string kernel = env ? env : "";
+  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
+               "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
+  // The prefill runner stages page ids from the host; a device-resident table stays on the
+  // decode kernels, which read it in place.
+  if (!host_page_table) return false;
+  // Forced: wherever the prefill kernels support the problem (f16/bf16 queries; KV of the same
+  // type or fp8; head dims up to 256); elsewhere the decode kernels, and their errors.
+  if (kernel == "prefill")
+    return (q == DType::f16 || q == DType::bf16) && (kv == q || kv == DType::e4m3 || kv == DType::e5m2) &&
+           head_dim_qk <= 256;
+  if (!kernel.empty()) return false;
+  // Where the decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE,
+  // no bulk copies) and the group fills at least 4 rows of the prefill kernel's M tile.
+  const bool tensor_core_decode = (kv == DType::f16 || kv == DType::bf16) && q == kv && !(features & kernels::kRope);
+  return tensor_core_decode && !bulk_copies && group_size >= 4;
 }
 
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch) {

@@ -61,6 +61,11 @@ static bool bulk_copies(const DeviceInfo& dev) {
   return dev.cc_major >= 9 && dev.max_smem_per_block_optin >= 200 * 1024;
 }
 
+bool device_has_bulk_decode(int device) {
+  require_cuda("BatchDecode.plan on a CUDA workspace");
+  return bulk_copies(device_info(device));
+}
+
 void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t workspace_bytes,
                         int device, cudaStream_t stream) {
   PhaseTrace trace;

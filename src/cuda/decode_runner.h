@@ -45,6 +45,10 @@ struct DecodeTensors {
   int64_t v_stride_page, v_stride_token, v_stride_head;
 };
 
+// Whether `device` runs the bulk-copy decode kernel (sm_90+ with >= 200 KB of shared memory per
+// block); throws when there is no CUDA device.
+bool device_has_bulk_decode(int device);
+
 class DecodeRunner {
  public:
   DecodeRunner() = default;

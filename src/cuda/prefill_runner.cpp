@@ -40,7 +40,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     max_qo = std::max<int64_t>(max_qo, pr.qo_indptr[size_t(b + 1)] - pr.qo_indptr[size_t(b)]);
   // A captured run() replays the kernel (and query tile) of the plan it captured: in graph mode
   // the choice depends on the capacity only, never on the batch.
-  if (pr.scheduler.cuda_graph) max_qo = std::max<int64_t>(max_qo, pr.scheduler.cuda_graph->max_tokens);
+  if (pr.scheduler.cuda_graph && !pr.one_query_per_request)
+    max_qo = std::max<int64_t>(max_qo, pr.scheduler.cuda_graph->max_tokens);
   const PrefillKernelConfig cfg =
       choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
                             pr.paged, pr.page_size, pr.variant.features, max_qo);

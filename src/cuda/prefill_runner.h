@@ -31,6 +31,9 @@ struct PrefillProblem {
   std::span<const uint8_t> custom_mask;      // with the kCustomMask feature
   std::span<const int32_t> mask_indptr;      // [B+1]
   SchedulerOptions scheduler;
+  // BatchDecode on the prefill kernels: every request has one query, also in graph mode (whose
+  // capacity then bounds the batch, not one request's query run).
+  bool one_query_per_request = false;
 };
 
 // Device pointers and element strides of one run (ragged: page strides unused).
