@@ -16,6 +16,10 @@
 #include "cpu/plan_executor.h"
 #include "cpu/thread_pool.h"
 
+#if KVATTN_WITH_CUDA
+#include "cuda/runtime.h"
+#endif
+
 namespace kvattn {
 
 using detail::AttentionPlan;
@@ -281,9 +285,12 @@ bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& work
 #if KVATTN_WITH_CUDA
   validate::gpu_workspace(workspace);
   const auto& s = plan.shape;
-  return cuda::decode_uses_prefill_kernels(s.q_dtype, s.kv_dtype, s.head_dim_qk, s.num_qo_heads / s.num_kv_heads,
-                                           plan.variant.features, cuda::device_has_bulk_decode(workspace.device().index),
-                                           table.device_indices == nullptr);
+  const int device = workspace.device().index;
+  const bool bulk = cuda::device_has_bulk_decode(device);  // throws without a CUDA device
+  return cuda::decode_uses_prefill_kernels(s.q_dtype, s.kv_dtype, s.head_dim_qk, s.head_dim_vo,
+                                           s.num_qo_heads / s.num_kv_heads, plan.variant.features, plan.page_size,
+                                           bulk, table.device_indices == nullptr,
+                                           int64_t(cuda::device_info(device).max_smem_per_block_optin));
 #else
   (void)plan; (void)workspace; (void)table;
   return false;  // plan_decode_gpu says why there is no GPU path
@@ -398,7 +405,14 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   if (gpu) {
     plan->scheduler = params.scheduler;
-    if (decode_on_prefill_kernels(*plan, workspace_, table)) {
+    const bool on_prefill = decode_on_prefill_kernels(*plan, workspace_, table);
+    KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !(plan_->gpu_prefill || plan_->gpu_decode) ||
+                     (plan_->gpu_prefill != nullptr) == on_prefill,
+                 "BatchDecode in CUDA-graph mode cannot move from the ", on_prefill ? "decode" : "prefill",
+                 " kernels to the ", on_prefill ? "prefill" : "decode",
+                 " kernels between plans (a captured run() replays the kernels it captured); the page table "
+                 "moved between host and device, or KVATTN_DECODE_KERNEL changed");
+    if (on_prefill) {
       plan->kv_indices.assign(table.indices.begin(), table.indices.end());
       detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
     } else {
@@ -427,6 +441,9 @@ void BatchDecode::check_errors(void* stream) const {
   check_plan(plan_, "BatchDecode");
 #if KVATTN_WITH_CUDA
   if (plan_->gpu_decode) plan_->gpu_decode->check_errors(static_cast<cudaStream_t>(stream));
+  // On the prefill kernels (host page ids, checked at plan()) there is no error record: wait only.
+  if (plan_->gpu_prefill)
+    cuda::check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for BatchDecode's runs");
 #else
   (void)stream;
 #endif

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "cuda/prefill_kernels.h"
 #include "kernels/decode/smem_layout.cuh"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
@@ -150,25 +151,30 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   return spec;
 }
 
-bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int group_size, uint32_t features,
-                                 bool bulk_copies, bool host_page_table) {
+bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
+                                 uint32_t features, int page_size, bool bulk_copies, bool host_page_table,
+                                 int64_t max_smem_per_block) {
   const char* env = std::getenv("KVATTN_DECODE_KERNEL");
   const std::string kernel = env ? env : "";
   KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
                "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
   // The prefill runner stages page ids from the host; a device-resident table stays on the
   // decode kernels, which read it in place.
-  if (!host_page_table) return false;
-  // Forced: wherever the prefill kernels support the problem (f16/bf16 queries; KV of the same
-  // type or fp8; head dims up to 256); elsewhere the decode kernels, and their errors.
-  if (kernel == "prefill")
-    return (q == DType::f16 || q == DType::bf16) && (kv == q || kv == DType::e4m3 || kv == DType::e5m2) &&
-           head_dim_qk <= 256;
-  if (!kernel.empty()) return false;
+  if (!host_page_table || (!kernel.empty() && kernel != "prefill")) return false;
+  // Only problems the prefill kernels take and whose kernel fits the device's shared memory;
+  // the others stay on the decode kernels (and get their errors).
+  auto head_dim_ok = [](int d) { return d >= 16 && d <= 256 && d % 16 == 0; };
+  if (!head_dim_ok(head_dim_qk) || !head_dim_ok(head_dim_vo)) return false;
+  if (!(q == DType::f16 || q == DType::bf16) || !(kv == q || kv == DType::e4m3 || kv == DType::e5m2)) return false;
+  const PrefillKernelConfig pc =
+      choose_prefill_config(q, kv, q, head_dim_qk, head_dim_vo, group_size, true, page_size, features, 1);
+  if (prefill_smem_bytes(pc) > max_smem_per_block) return false;
+  if (kernel == "prefill") return true;
   // Where the decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE,
-  // no bulk copies) and the group fills at least 4 rows of the prefill kernel's M tile.
-  const bool tensor_core_decode = (kv == DType::f16 || kv == DType::bf16) && q == kv && !(features & kernels::kRope);
-  return tensor_core_decode && !bulk_copies && group_size >= 4;
+  // no bulk copies) and the group fills 4 to 16 rows of the prefill kernel's M tile (measured
+  // at 4; wider groups take several row tiles per head chunk).
+  const bool tensor_core_decode = kv == q && !(features & kernels::kRope);
+  return tensor_core_decode && !bulk_copies && group_size >= 4 && group_size <= 16;
 }
 
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch) {

@@ -155,6 +155,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   grid_ = opts.cuda_graph ? plan.item_capacity() : plan.num_items();
   merge_grid_ = opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
   merge_grid_y_ = std::max<int64_t>(1, (merge_rows + rows_per_merge_cta - 1) / rows_per_merge_cta);
+  KVATTN_CHECK(merge_grid_y_ <= 65535, "the merge of this plan needs ", merge_grid_y_,
+               " CTAs per entry, more than a grid's 65535 (query tile x group = ", rows, " rows)");
   workspace_used_ = L.end;
   base_ = b;
   live_ ^= 1;

@@ -31,7 +31,7 @@ KVATTN_HD int merge_row_warps_for(int max_slots) {
 
 namespace merge_rows_detail {
 template <int DVO>
-struct Shared {
+struct alignas(16) Shared {  // o rows are stored as float4s
   float o[kMergeRowWarps][DVO];
   float max[kMergeRowWarps], wsum[kMergeRowWarps];
   int nan[kMergeRowWarps];
