@@ -4,6 +4,9 @@
 // and the GPU-only errors. Every case skips where there is no CUDA device (CI), with the reason.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+#include <span>
+
 #include "support/attention_case.h"
 #include "support/device_mirror.h"
 #include "support/gpu_skip.h"
@@ -38,6 +41,26 @@ AttnCase gpu_case(DType q, DType kv) {
   if (q == kv && kv == DType::bf16) c.tolerance.accumulation = 0x1p-8;
   if (q == kv && kv == DType::f16) c.tolerance.accumulation = 0x1p-10;
   return c;
+}
+
+// Each variant on a small GQA batch (8/2 heads, head dim 64, page 16, 3 requests of 0-400
+// tokens) for each KV dtype; accumulation > 0 replaces gpu_case's accumulation tolerance.
+void run_variant_cases(std::span<const kvattn::Variant> variants, DType q, std::initializer_list<DType> kvs,
+                       double accumulation = 0) {
+  for (const auto& v : variants)
+    for (DType kv : kvs) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(q, kv);
+      if (accumulation > 0) c.tolerance.accumulation = accumulation;
+      c.lens = lens_of(rng, 3, 0, 400);
+      c.num_qo_heads = 8;
+      c.num_kv_heads = 2;
+      c.head_dim_qk = 64;
+      c.page_size = 16;
+      c.variant = v;
+      SCOPED_TRACE(v.describe());
+      run_decode_case(c, rng);
+    }
 }
 
 TEST(GpuDecode, EveryDtypeCombination) {
@@ -123,19 +146,7 @@ TEST(GpuDecode, Variants) {
       kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f),
       kvattn::variants::causal().with_soft_cap(8.0f).with_window(100).with_alibi(),
   };
-  for (const auto& v : variants)
-    for (DType kv : {DType::bf16, DType::e5m2}) {
-      KVATTN_CASE_RNG(rng);
-      AttnCase c = gpu_case(DType::bf16, kv);
-      c.lens = lens_of(rng, 3, 0, 400);
-      c.num_qo_heads = 8;
-      c.num_kv_heads = 2;
-      c.head_dim_qk = 64;
-      c.page_size = 16;
-      c.variant = v;
-      SCOPED_TRACE(v.describe());
-      run_decode_case(c, rng);
-    }
+  run_variant_cases(variants, DType::bf16, {DType::bf16, DType::e5m2});
 }
 
 // BatchDecode on the prefill kernels (cuda::decode_uses_prefill_kernels: the default on devices
@@ -162,20 +173,8 @@ TEST(GpuDecode, OnThePrefillKernels) {
       kvattn::variants::sliding_window(40), kvattn::variants::soft_cap(5.0f), kvattn::variants::alibi(),
       kvattn::variants::rope(),             kvattn::variants::sigmoid(-1.0f),
       kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f)};
-  for (const auto& v : variants)
-    for (DType kv : {DType::f16, DType::e4m3}) {
-      KVATTN_CASE_RNG(rng);
-      AttnCase c = gpu_case(DType::f16, kv);
-      c.tolerance.accumulation = 0x1p-10;  // the prefill kernels round P to q's dtype (f16) for P V
-      c.lens = lens_of(rng, 3, 0, 400);
-      c.num_qo_heads = 8;
-      c.num_kv_heads = 2;
-      c.head_dim_qk = 64;
-      c.page_size = 16;
-      c.variant = v;
-      SCOPED_TRACE(v.describe());
-      run_decode_case(c, rng);
-    }
+  // The prefill kernels round P to q's dtype (f16) for P V, fp8 KV included.
+  run_variant_cases(variants, DType::f16, {DType::f16, DType::e4m3}, 0x1p-10);
 }
 
 TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
