@@ -42,6 +42,7 @@ struct PrefillBenchCase {
   bool causal = true;
   float soft_cap = 0.0f;
   int page_size = 0;  // 0: ragged KV
+  bool alibi = false;  // kvattn only: the peers' runner (bench/peers) skips ALiBi cases
 
   // Visible (query, key) pairs: query i of a request sits at kv_len - qo_len + i.
   double visible_pairs() const {
@@ -62,7 +63,8 @@ struct PrefillBenchCase {
             {"batch", qo_lens.size()}, {"qo_lens", qo_lens}, {"kv_lens", kv_lens},
             {"q_tokens", std::accumulate(qo_lens.begin(), qo_lens.end(), int64_t(0))},
             {"kv_tokens", std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t(0))}, {"causal", causal},
-            {"soft_cap", soft_cap}, {"sm_scale", 1.0 / std::sqrt(double(head_dim))}, {"lse_base", 2}};
+            {"soft_cap", soft_cap}, {"alibi", alibi}, {"sm_scale", 1.0 / std::sqrt(double(head_dim))},
+            {"lse_base", 2}};
   }
 };
 
@@ -98,6 +100,10 @@ std::vector<PrefillBenchCase> prefill_cases(bool quick) {
   add("hd128_causal_1x16384_softcap", "1 x 16384 causal, soft-cap 30", 32, 32, 128, same(1, 16384), same(1, 16384), true, 30.0f);
   add("hd128_causal_1x16384_gqa", "1 x 16384 causal, 32/8 heads", 32, 8, 128, same(1, 16384), same(1, 16384), true);
   if (!quick) {
+    // ALiBi beside its twin above (GQA group 4, where its kernel used to spill).
+    add("hd128_causal_1x16384_gqa_alibi", "1 x 16384 causal, 32/8, ALiBi", 32, 8, 128, same(1, 16384), same(1, 16384),
+        true);
+    cases.back().alibi = true;
     // A skewed ragged batch with 16k tokens (Zipf lengths) beside its uniform twin (16 x 1k above).
     auto zipf = kvattn::detail::zipf_lengths(16, 1024.0, 1.0, 11);
     add("hd128_causal_zipf16", "16 zipf (mean 1k) causal", 32, 32, 128, zipf, zipf, true);
@@ -160,6 +166,7 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
   plan.q_dtype = DType::bf16;
   plan.variant = c.causal ? kvattn::variants::causal() : kvattn::Variant{};
   if (c.soft_cap > 0) plan.variant = plan.variant.with_soft_cap(c.soft_cap);
+  if (c.alibi) plan.variant = plan.variant.with_alibi();
   plan.qo_indptr = TensorView(qo_indptr.data(), DType::i32, {int64_t(qo_indptr.size())});
   if (P > 0) {
     plan.page_table = kvattn::PageTable{TensorView(page_indptr.data(), DType::i32, {int64_t(page_indptr.size())}),
@@ -196,7 +203,7 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
   const double med = kvattn_cli::median_ms([&](int) { run(); }, 1, iters);
   const double tflops = c.flops() / (med * 1e-3) / 1e12;
   nlohmann::json row = {{"op", "prefill"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
-          {"head_dim", D}, {"causal", c.causal}, {"soft_cap", c.soft_cap},
+          {"head_dim", D}, {"causal", c.causal}, {"soft_cap", c.soft_cap}, {"alibi", c.alibi},
           {"kv", P > 0 ? "paged, page " + std::to_string(P) : std::string("ragged")},
           {"batch", B}, {"q_tokens", nq}, {"kv_tokens", nkv}, {"qo_lens", c.qo_lens}, {"kv_lens", c.kv_lens},
           {"visible_pairs", c.visible_pairs()},

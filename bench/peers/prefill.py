@@ -71,6 +71,9 @@ def cases_from_rows(rows):
     """Peer cases for the rows of `kvattn bench prefill --json`: (cases, skipped [(id, why)])."""
     cases, skipped = [], []
     for r in rows:
+        if r.get("alibi"):
+            skipped.append((r.get("id", "?"), "ALiBi: no peer runs it here"))
+            continue
         try:
             hq, hkv = (int(x) for x in r["heads"].split("/"))
             B, nq, nkv = int(r["batch"]), int(r["q_tokens"]), int(r["kv_tokens"])

@@ -211,7 +211,9 @@ def main():
             pexp = kvio.Export(args.prefill_io)
             prow = kvattn_rows_by_key(args.prefill_json)
             for c in pexp.cases:
-                if c.get("op") == "prefill":
+                if c.get("op") == "prefill" and c.get("alibi"):
+                    notes.append(f"prefill {c.get('id')}: peers skipped, ALiBi (no peer runs it here)")
+                elif c.get("op") == "prefill":
                     c["row"] = prow.get(c.get("id"), c.get("row", {}))
                     pcases.append(c)
         elif args.prefill_json and os.path.exists(args.prefill_json):
