@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #if KVATTN_WITH_CUDA
 #include "cuda/decode_kernels.h"
@@ -156,6 +157,37 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   // Checked even where the bulk kernel is not chosen.
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false),
                       "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
+}
+
+// Skewed batches take the 2-stage bulk kernel (three CTAs per SM), the others 3 stages; the env
+// override wins; graph mode never asks (DecodeRunner::plan).
+TEST(DecodeConfig, SkewedBatchesTakeTwoBulkStages) {
+  using kvattn::cuda::decode_batch_is_skewed;
+  auto skewed = [](std::vector<int32_t> v) { return decode_batch_is_skewed(v); };
+  EXPECT_FALSE(skewed({}));
+  EXPECT_FALSE(skewed({32768}));                 // one request: nothing to balance
+  EXPECT_FALSE(skewed(std::vector<int32_t>(64, 4096)));
+  EXPECT_FALSE(skewed({0, 0, 0}));
+  EXPECT_FALSE(skewed({1000, 100}));             // 1000 x 2 < 4 x 1100
+  EXPECT_FALSE(skewed({4000, 0}));               // 2x the mean
+  EXPECT_TRUE(skewed({4000, 0, 0, 0}));          // 4x the mean
+  std::vector<int32_t> long_short(64, 512);
+  long_short[0] = 32768;                         // 1 x 32k + 63 x 512: 32x the mean
+  EXPECT_TRUE(skewed(long_short));
+  std::vector<int32_t> zipf;                     // Zipf-like: rank i ~ 1 / i
+  for (int i = 1; i <= 64; ++i) zipf.push_back(int32_t(55000 / i));
+  EXPECT_TRUE(skewed(zipf));
+  DecodeKernelEnv no_kernel(nullptr);
+  DecodeKernelEnv no_stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
+  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true);
+  EXPECT_TRUE(c.bulk);
+  EXPECT_EQ(c.stages, 2);
+  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, false).stages, 3);
+  // Without bulk copies the flag changes nothing.
+  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false, true).name(),
+            choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false, false).name());
+  DecodeKernelEnv four("4", "KVATTN_DECODE_BULK_STAGES");
+  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true).stages, 4);
 }
 
 TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {

@@ -115,6 +115,23 @@ TEST(GpuDecode, ShortEmptyAndLongRequests) {
     }
 }
 
+// Skewed batches (longest >= 4x the mean) take the 2-stage bulk kernel on sm_90+
+// (cuda::decode_batch_is_skewed): the same grid of dtypes and group sizes through it.
+TEST(GpuDecode, SkewedBatches) {
+  SKIP_WITHOUT_GPU();
+  for (DType kv : {DType::bf16, DType::f16})
+    for (int group : {1, 4, 8}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(kv, kv);
+      c.lens = {{1, 6000}, {1, 17}, {1, 300}, {1, 0}, {1, 1}, {1, 64}, {1, 129}, {1, 700}};
+      c.num_kv_heads = 2;
+      c.num_qo_heads = 2 * group;
+      c.head_dim_qk = 128;
+      c.page_size = 16;
+      run_decode_case(c, rng);
+    }
+}
+
 TEST(GpuDecode, HeadDims) {
   SKIP_WITHOUT_GPU();
   for (auto [dqk, dvo] : {std::pair{16, 16}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}})

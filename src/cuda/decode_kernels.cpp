@@ -1,5 +1,6 @@
 #include "cuda/decode_kernels.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "cuda/prefill_kernels.h"
@@ -29,7 +30,7 @@ std::string DecodeKernelConfig::name() const {
 }
 
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
-                                        int page_size, uint32_t features, bool bulk_copies) {
+                                        int page_size, uint32_t features, bool bulk_copies, bool skewed_batch) {
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU decode kernels (a multiple of 16 up to 256)");
@@ -73,7 +74,7 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   KVATTN_CHECK(stages.empty() || stages == "2" || stages == "3" || stages == "4",
                "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '", stages, "'");
   if (c.bulk) {
-    c.stages = stages.empty() ? 3 : stages[0] - '0';
+    c.stages = stages.empty() ? (skewed_batch ? 2 : 3) : stages[0] - '0';
     if (c.stages == 4) smem_limit = 227 * 1024;  // asked for: keep 4 warps even at one CTA per SM
   }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
@@ -149,6 +150,16 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
                  "  kvattn::kernels::decode::" + (c.persistent ? "run_worker<" : "run_one_item<") +
                  kernel + ">(p, smem);\n}\n";
   return spec;
+}
+
+bool decode_batch_is_skewed(std::span<const int32_t> kv_len) {
+  if (kv_len.size() < 2) return false;
+  int64_t total = 0, longest = 0;
+  for (int32_t l : kv_len) {
+    total += l;
+    longest = std::max<int64_t>(longest, l);
+  }
+  return total > 0 && longest * int64_t(kv_len.size()) >= 4 * total;
 }
 
 bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,

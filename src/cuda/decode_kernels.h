@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "cuda/jit.h"
@@ -52,9 +53,17 @@ struct DecodeKernelConfig {
 // 1 x 32k: 99.7 against 57.8 us, docs/NOTES.md). Other values are errors.
 bool decode_folds_in_kernel();
 
+// skewed_batch (decode_batch_is_skewed): the bulk kernel takes 2 stages, three CTAs per SM, where
+// it otherwise takes 3 and two: measured on the H200 (docs/PERFORMANCE.md, session 4, call 4),
+// 2 stages lift 64 Zipf lengths from 3,541 to 3,797 GB/s and 1 x 32k + 63 x 512 from 2,931 to
+// 3,225, but lower uniform batches (64 x 1016: 3,360 to 2,879; 64 x 4096: 3,945 to 3,861).
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
                                         int head_dim_vo, int group_size, int page_size,
-                                        uint32_t features, bool bulk_copies = false);
+                                        uint32_t features, bool bulk_copies = false, bool skewed_batch = false);
+
+// A batch whose longest request has at least 4x the mean KV length (2 requests at least): the
+// case where more, smaller CTAs balance better than deeper pipelines stream.
+bool decode_batch_is_skewed(std::span<const int32_t> kv_len);
 
 int decode_smem_bytes(const DecodeKernelConfig& c);
 

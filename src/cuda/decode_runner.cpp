@@ -73,9 +73,11 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   DeviceGuard guard(device);
   const DeviceInfo& dev = device_info(device);
   const int group = pr.num_qo_heads / pr.num_kv_heads;
+  // A captured run() replays the kernel it captured: graph mode never switches on the batch.
+  const bool skewed = !pr.scheduler.cuda_graph && decode_batch_is_skewed(pr.kv_len);
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
                                                 pr.head_dim_vo, group, pr.page_size,
-                                                pr.variant.features, bulk_copies(dev));
+                                                pr.variant.features, bulk_copies(dev), skewed);
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;

@@ -33,6 +33,10 @@ std::vector<RegisteredKernel> decode_kernels() {
     // What the same problem runs on sm_90+: the bulk-copy kernel.
     DecodeKernelConfig h = choose_decode_config(q, kv, q, hd, hd, group, 16, features, /*bulk_copies=*/true);
     if (h.bulk) out.push_back({h.name(), [h](const std::string& arch) { return decode_spec(h, arch); }, 90});
+    // ... and for skewed batches (decode_batch_is_skewed): 2 stages.
+    DecodeKernelConfig s = choose_decode_config(q, kv, q, hd, hd, group, 16, features, true, /*skewed_batch=*/true);
+    if (s.bulk && s.name() != h.name())
+      out.push_back({s.name(), [s](const std::string& arch) { return decode_spec(s, arch); }, 90});
     KernelSpec m = decode_merge_spec(c, "sm_80");
     auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
     if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return decode_merge_spec(c, arch); }});
