@@ -63,36 +63,49 @@ struct ScoreMath {
     const float scale = fabsf(p.variant.sm_scale);
     const float cap = (C::FEATURES & kSoftCap) ? p.variant.soft_cap : 1.0f;
     const float pre = scale / cap;
+    // ALiBi slope of a row's head. A thread's rows are g + 8 i apart from row0: with GH dividing 8
+    // they all have one head, so one slope (an exp2 and a loop) serves all of them.
+    constexpr bool kOneHead = 8 % C::GH == 0;
+    const uint8_t* request_mask = nullptr;  // the item's request's custom-mask bits
+    if constexpr ((C::FEATURES & kCustomMask) != 0)
+      request_mask = p.variant.custom_mask + p.variant.mask_indptr[it.request];
+    float thread_slope = 0.0f;
+    if constexpr ((C::FEATURES & kAlibi) != 0 && kOneHead)
+      thread_slope = Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int row = row0 + mt * 16 + g + 8 * (j / 2);
         const int32_t tq = row / C::GH;
-        const int64_t q_idx = it.q_begin + tq;
-        const LogitCoord base{it.request, it.head0 + row % C::GH, q_idx, 0, it.kv_len - it.qo_len + q_idx, 0,
-                              it.kv_len};
         const bool row_ok = tq < it.q_tokens;
-        // Without a custom mask the visible keys of a row are one range [lo, hi): the item's end,
-        // cut by the causal diagonal and the window's edge (Variant::logits_mask's rules), compared
-        // in 32 bits (positions are int32 in the plan) instead of per key through LogitCoord.
+        // The visible keys of a row are one range [lo, hi): the item's end, cut by the causal
+        // diagonal and the window's edge (Variant::logits_mask's rules), compared in 32 bits
+        // (positions are int32 in the plan); a custom mask then clears keys inside it. Keys are
+        // positioned by their index in the request (prefill: position = index).
         const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
         int32_t lo = row_ok ? -2147483647 - 1 : 2147483647, hi = it.kv_end;  // a row past the item: none
         if constexpr ((C::FEATURES & kCausal) != 0) hi = min(hi, q_pos + 1);
         if constexpr ((C::FEATURES & kSlidingWindow) != 0)
           if (row_ok) lo = q_pos - p.variant.window_left;
+        // Custom mask: the row's bits start at bit (q_idx x kv_len) of the request's mask.
+        int64_t row_bit = 0;
+        if constexpr ((C::FEATURES & kCustomMask) != 0) row_bit = int64_t(it.q_begin + tq) * it.kv_len;
+        // ALiBi (after soft-cap, as Variant::logits_transform): slope(head) x (key - query).
+        float slope = thread_slope;
+        if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
+          slope = Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
-          LogitCoord c = base;
-          c.kv_idx = c.kv_pos = tile0 + n * 8 + 2 * t4 + (j & 1);
+          const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
           bool visible = true;
           if (masked) {
-            if constexpr ((C::FEATURES & kCustomMask) != 0) {
-              visible = row_ok && c.kv_idx < it.kv_end && Variant::logits_mask(p.variant, c);
-            } else {
-              const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
-              visible = kv >= lo && kv < hi;
-            }
+            visible = kv >= lo && kv < hi;
+            if constexpr ((C::FEATURES & kCustomMask) != 0)
+              if (visible) {
+                const int64_t bit = row_bit + kv;
+                visible = (request_mask[bit >> 3] >> (bit & 7)) & 1;
+              }
           }
           float x = s[mt][n][j];
           if constexpr (kTransform) {
@@ -100,7 +113,7 @@ struct ScoreMath {
               x = cap * fast_tanh<C::FAST_TANH>(x * pre);
             else
               x *= scale;
-            x = NoCap::logits_transform(p.variant, x, c);
+            if constexpr ((C::FEATURES & kAlibi) != 0) x += slope * float(kv - q_pos);
             if constexpr (kSoftmax)
               x *= kLog2e;
             else
