@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdint>
+#include <string>
 
 #include "cuda/runtime.h"
 #include "kvattn/error.h"
@@ -204,6 +205,11 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   merge_grid_ = fold_in_kernel ? 0 : opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
+  // Programmatic dependent launch (sm_90+): the merge kernel is scheduled while the decode
+  // kernel's last CTAs run and waits in-kernel for it (griddepcontrol). KVATTN_DECODE_PDL=0 turns
+  // it off, for comparisons.
+  const char* pdl = std::getenv("KVATTN_DECODE_PDL");
+  early_merge_launch_ = dev.cc_major >= 9 && !(pdl && std::string(pdl) == "0");
   base_ = b;
   live_ ^= 1;
 }
@@ -237,10 +243,20 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
   check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(grid_), unsigned(head_chunks_)),
                          dim3(unsigned(config_.threads)), args, size_t(smem_bytes_), stream),
         "launching the decode kernel");
-  if (merge_grid_ > 0)
-    check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_), unsigned(merge_grid_y_)),
-                           dim3(kDecodeMergeThreads), args, 0, stream),
-          "launching the decode merge kernel");
+  if (merge_grid_ == 0) return;
+  cudaLaunchConfig_t merge{};
+  merge.gridDim = dim3(unsigned(merge_grid_), unsigned(merge_grid_y_));
+  merge.blockDim = dim3(kDecodeMergeThreads);
+  merge.stream = stream;
+  cudaLaunchAttribute early{};
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  if (early_merge_launch_) {
+    merge.attrs = &early;
+    merge.numAttrs = 1;
+  }
+  check(cudaLaunchKernelExC(&merge, reinterpret_cast<const void*>(merge_kernel_), args),
+        "launching the decode merge kernel");
 }
 
 void DecodeRunner::check_errors(cudaStream_t stream) const {

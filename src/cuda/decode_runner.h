@@ -84,6 +84,7 @@ class DecodeRunner {
   int64_t merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
   int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
+  bool early_merge_launch_ = false;  // sm_90+: the merge launches during the decode kernel's tail
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
 };
 

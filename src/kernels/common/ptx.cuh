@@ -46,6 +46,23 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ---- programmatic dependent launch (sm_90+; no-ops before) -----------------------------------
+// A kernel launched after this one with programmatic stream serialization may start (and wait in
+// wait_for_prerequisite_grid) once every CTA here has called allow_dependent_launch() or exited,
+// which hides its launch behind this kernel's tail.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Waits until the preceding kernel has completed and its writes are visible; returns at once when
+// this kernel was launched without programmatic stream serialization.
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---- conversions ------------------------------------------------------------------------------
 __device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
   float f;
