@@ -58,7 +58,7 @@ struct PrefillMmaKernel {
     char* stages = smem + C::kLayout.stages;
     char* convert = smem + C::kLayout.convert;
     float* freq = reinterpret_cast<float*>(smem + C::kLayout.freq);
-    int32_t* ring = reinterpret_cast<int32_t*>(smem + C::kLayout.ring);
+    auto* ring = reinterpret_cast<typename IO::RowOffsets*>(smem + C::kLayout.ring);
     auto tile_start = [&](int32_t tile) { return it.kv_begin + tile * C::KV_TILE; };
     auto stage_ptr = [&](int32_t tile) { return stages + (tile % C::STAGES) * C::kLayout.stage_bytes; };
     auto ring_ptr = [&](int32_t tile) { return ring + (tile % (C::STAGES + 1)) * C::KV_TILE; };
@@ -74,8 +74,7 @@ struct PrefillMmaKernel {
         freq[t] = rope_frequency(p.variant, t, C::DQK, (C::FEATURES & kRopeLlama31) != 0);
     if constexpr (C::PAGED)
       for (int32_t st = 0; st < C::STAGES && st < n_tiles; ++st) {
-        const int32_t id = IO::fetch_page_id(p, it, tile_start(st));
-        if (threadIdx.x < C::KV_TILE) ring_ptr(st)[threadIdx.x] = id;
+        IO::put_row_offsets(p, ring_ptr(st), tile_start(st), IO::fetch_page_id(p, it, tile_start(st)));
       }
     __syncthreads();  // frequencies and page ids
     IO::load_q(p, it, qs, freq);
@@ -149,7 +148,8 @@ struct PrefillMmaKernel {
       }
       if (!skip) accumulate_pv(s, acc, vs_base, lane);
       if constexpr (C::PAGED)
-        if (tile + C::STAGES < n_tiles && threadIdx.x < C::KV_TILE) ring_ptr(tile + C::STAGES)[threadIdx.x] = next_id;
+        if (tile + C::STAGES < n_tiles)
+          IO::put_row_offsets(p, ring_ptr(tile + C::STAGES), tile_start(tile + C::STAGES), next_id);
     }
     cp_async_wait<0>();
     store(p, it, item, m, d, acc, row0, g, t4, c_exp);

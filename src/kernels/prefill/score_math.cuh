@@ -55,35 +55,81 @@ struct ScoreMath {
     return kTransform ? 1.0f : fmaxf(fabsf(p.variant.sm_scale) * kLog2e, 1e-30f);  // never 0 x inf
   }
 
+  // The variant's logit transform with its constants folded (one thread, one tile): softmax
+  // variants come out in log2 units. Soft-cap c tanh(x scale / c) as c L (1 - 2 / (1 + 2^(x u)))
+  // with u = 2 scale log2(e) / c: FMUL, two MUFU, FADD, FFMA (or c L tanh.approx(x scale / c));
+  // ALiBi adds slope L (key - query) with one FFMA.
+  struct Transform {
+    float mul;        // soft-cap: u (exp form) or scale / c (tanh.approx); else scale L
+    float cap;        // soft-cap: c L
+    float slope;      // ALiBi: slope L of the thread's rows (kOneHead)
+    static constexpr float L = kSoftmax ? kLog2e : 1.0f;
+
+    __device__ __forceinline__ explicit Transform(const PrefillParams& p) {
+      const float scale = fabsf(p.variant.sm_scale);
+      cap = (C::FEATURES & kSoftCap) ? p.variant.soft_cap * L : 1.0f;
+      if constexpr ((C::FEATURES & kSoftCap) != 0)
+        mul = C::FAST_TANH ? scale / p.variant.soft_cap : scale * (2.0f * kLog2e) / p.variant.soft_cap;
+      else
+        mul = scale * L;
+      slope = 0.0f;
+    }
+    // x: raw score; dist: key - query position as a float (ALiBi only).
+    __device__ __forceinline__ float operator()(float x, float row_slope, float dist) const {
+      float y;
+      if constexpr ((C::FEATURES & kSoftCap) != 0) {
+        if constexpr (C::FAST_TANH)
+          y = cap * fast_tanh<true>(x * mul);
+        else
+          y = fmaf(-2.0f * cap, fast_rcp(1.0f + fast_exp2(x * mul)), cap);
+      } else {
+        y = x * mul;
+      }
+      if constexpr ((C::FEATURES & kAlibi) != 0) y = fmaf(row_slope, dist, y);
+      return y;
+    }
+  };
+
   // Masks (when `masked`) and transforms the tile's scores. Softmax: masked scores become -inf;
   // sigmoid: scores become weights, 0 where masked.
   static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
                                                 int32_t tile0, int row0, int g, int t4, bool masked) {
     if (!kTransform && !masked) return;
-    const float scale = fabsf(p.variant.sm_scale);
-    const float cap = (C::FEATURES & kSoftCap) ? p.variant.soft_cap : 1.0f;
-    const float pre = scale / cap;
+    Transform tf(p);
     // ALiBi slope of a row's head. A thread's rows are g + 8 i apart from row0: with GH dividing 8
     // they all have one head, so one slope (an exp2 and a loop) serves all of them.
     constexpr bool kOneHead = 8 % C::GH == 0;
+    constexpr bool kFastUnmasked = kTransform && (C::FEATURES & kAlibi) == 0;
     const uint8_t* request_mask = nullptr;  // the item's request's custom-mask bits
     if constexpr ((C::FEATURES & kCustomMask) != 0)
       request_mask = p.variant.custom_mask + p.variant.mask_indptr[it.request];
-    float thread_slope = 0.0f;
     if constexpr ((C::FEATURES & kAlibi) != 0 && kOneHead)
-      thread_slope = Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
+      tf.slope = Transform::L * Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int row = row0 + mt * 16 + g + 8 * (j / 2);
         const int32_t tq = row / C::GH;
+        const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
+        float slope = tf.slope;
+        if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
+          slope = Transform::L * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
+        // Every key visible: the transform only. (Not for ALiBi: this second copy of the loop
+        // pushed its kernel into a 32-byte spill at hd 128, group 4.)
+        if (kFastUnmasked && !masked) {
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+            const float y = tf(s[mt][n][j], slope, 0.0f);  // no ALiBi here
+            s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
+          }
+          continue;
+        }
         const bool row_ok = tq < it.q_tokens;
         // The visible keys of a row are one range [lo, hi): the item's end, cut by the causal
         // diagonal and the window's edge (Variant::logits_mask's rules), compared in 32 bits
         // (positions are int32 in the plan); a custom mask then clears keys inside it. Keys are
         // positioned by their index in the request (prefill: position = index).
-        const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
         int32_t lo = row_ok ? -2147483647 - 1 : 2147483647, hi = it.kv_end;  // a row past the item: none
         if constexpr ((C::FEATURES & kCausal) != 0) hi = min(hi, q_pos + 1);
         if constexpr ((C::FEATURES & kSlidingWindow) != 0)
@@ -91,10 +137,6 @@ struct ScoreMath {
         // Custom mask: the row's bits start at bit (q_idx x kv_len) of the request's mask.
         int64_t row_bit = 0;
         if constexpr ((C::FEATURES & kCustomMask) != 0) row_bit = int64_t(it.q_begin + tq) * it.kv_len;
-        // ALiBi (after soft-cap, as Variant::logits_transform): slope(head) x (key - query).
-        float slope = thread_slope;
-        if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
-          slope = Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
           const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
@@ -109,15 +151,8 @@ struct ScoreMath {
           }
           float x = s[mt][n][j];
           if constexpr (kTransform) {
-            if constexpr ((C::FEATURES & kSoftCap) != 0)
-              x = cap * fast_tanh<C::FAST_TANH>(x * pre);
-            else
-              x *= scale;
-            if constexpr ((C::FEATURES & kAlibi) != 0) x += slope * float(kv - q_pos);
-            if constexpr (kSoftmax)
-              x *= kLog2e;
-            else
-              x = visible ? Variant::sigmoid_weight(p.variant, x) : 0.0f;
+            x = tf(x, slope, float(kv - q_pos));
+            if constexpr (!kSoftmax) x = visible ? Variant::sigmoid_weight(p.variant, x) : 0.0f;
           }
           if constexpr (kSoftmax) x = visible ? x : -INFINITY;
           s[mt][n][j] = x;

@@ -5,7 +5,7 @@
 //   [ STAGES x (K tile | V tile), KV_TILE rows each, in the KV storage type ]
 //   [ fp8 KV only: one K | V tile converted to the MMA type               ]
 //   [ fused RoPE only: DQK/2 f32 frequencies                              ]
-//   [ paged KV only: (STAGES + 1) x KV_TILE page ids (a ring, one tile ahead) ]
+//   [ paged KV only: (STAGES + 1) x KV_TILE K and V row offsets, 2 x 8 bytes (a ring, one tile ahead) ]
 //
 // Every row pitch is an odd number of 16-byte chunks, so the 8 rows one ldmatrix phase reads fall
 // in 8 different 16-byte bank groups (no conflicts) and cp.async destinations stay 16-byte aligned.
@@ -32,7 +32,7 @@ constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int rows, int k
   l.convert = l.stages + stages * l.stage_bytes;
   l.freq = l.convert + (kv_bytes != 2 ? kv_tile * (pitch_bytes(dqk * 2) + pitch_bytes(dvo * 2)) : 0);
   l.ring = l.freq + (rope ? (dqk / 2) * 4 : 0);
-  l.total = l.ring + (paged ? (stages + 1) * kv_tile * 4 : 0);
+  l.total = l.ring + (paged ? (stages + 1) * kv_tile * 16 : 0);
   return l;
 }
 

@@ -117,6 +117,21 @@ struct TileIO {
     }
   }
 
+  // Paged KV: where token tile0 + i's K and V rows start, in bytes from the head's base. Thread
+  // i < KV_TILE computes them once per tile (put_row_offsets) from the page id it fetched a tile
+  // ahead, so the copies of the row's chunks each read one 8-byte word instead of redoing the
+  // page-table arithmetic (it made page 16 run 22% more instructions than ragged KV).
+  struct RowOffsets {
+    int64_t k, v;
+  };
+  static __device__ __forceinline__ void put_row_offsets(const PrefillParams& p, RowOffsets* ring_slot,
+                                                         int32_t tile0, int32_t page_id) {
+    if (threadIdx.x >= C::KV_TILE) return;
+    const int64_t in_page = (tile0 + int32_t(threadIdx.x)) % page_size(p);
+    ring_slot[threadIdx.x] = {(int64_t(page_id) * p.k_stride_page + in_page * p.k_stride_token) * C::kKVBytes,
+                              (int64_t(page_id) * p.v_stride_page + in_page * p.v_stride_token) * C::kKVBytes};
+  }
+
   // Thread i < KV_TILE returns the page of token tile0 + i (0 past the range).
   static __device__ __forceinline__ int32_t fetch_page_id(const PrefillParams& p, const ItemInfo& it,
                                                           int32_t tile0) {
@@ -127,18 +142,23 @@ struct TileIO {
 
   // Issues the cp.async copies of the K (V = false) or V rows of tokens [tile0, tile0 + KV_TILE)
   // (zero past kv_end) into a stage; the caller commits K and V as separate groups so that Q K^T
-  // starts before V lands. ids: the tile's page ids (paged).
+  // starts before V lands. rows: the tile's row offsets (paged).
   template <bool V>
   static __device__ __forceinline__ void load_kv(const PrefillParams& p, const ItemInfo& it, char* stage,
-                                                 int32_t tile0, const int32_t* ids) {
+                                                 int32_t tile0, const RowOffsets* rows) {
     constexpr int kChunks = V ? C::kRawChunksV : C::kRawChunksK;
     constexpr int kPitch = V ? C::kRawPitchV : C::kRawPitchK;
-    const int64_t stride_page = V ? p.v_stride_page : p.k_stride_page;
     const int64_t stride_token = V ? p.v_stride_token : p.k_stride_token;
     const int64_t stride_head = V ? p.v_stride_head : p.k_stride_head;
     const char* base = static_cast<const char*>(V ? p.v : p.k) + int64_t(it.kv_head) * stride_head * C::kKVBytes;
     char* dst = V ? stage + C::KV_TILE * C::kRawPitchK : stage;
-    const int ps = page_size(p);
+    // A row's byte offset from base.
+    auto row_bytes = [&](int r, int32_t tok) -> int64_t {
+      if constexpr (C::PAGED)
+        return V ? rows[r].v : rows[r].k;
+      else
+        return int64_t(it.kv_row0 + tok) * stride_token * C::kKVBytes;
+    };
     if constexpr (C::kThreads % kChunks == 0) {
       // Each thread copies chunk c of rows r0, r0 + kStep, ...: one row pointer per pass.
       constexpr int kStep = C::kThreads / kChunks;
@@ -148,26 +168,14 @@ struct TileIO {
         if (C::KV_TILE % kStep != 0 && r >= C::KV_TILE) break;
         const int32_t tok = tile0 + r;
         const bool valid = tok < it.kv_end;
-        int64_t row;
-        if constexpr (C::PAGED)
-          row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
-        else
-          row = int64_t(it.kv_row0 + tok) * stride_token;
-        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row * C::kKVBytes + c * 16 : base, valid);
+        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
       }
     } else {
       for (int id = threadIdx.x; id < C::KV_TILE * kChunks; id += C::kThreads) {
         const int r = id / kChunks, c = id % kChunks;
         const int32_t tok = tile0 + r;
         const bool valid = tok < it.kv_end;
-        int64_t row = 0;
-        if (valid) {
-          if constexpr (C::PAGED)
-            row = int64_t(ids[r]) * stride_page + int64_t(tok % ps) * stride_token;
-          else
-            row = int64_t(it.kv_row0 + tok) * stride_token;
-        }
-        cp_async_16(dst + r * kPitch + c * 16, base + row * C::kKVBytes + c * 16, valid);
+        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
       }
     }
   }
