@@ -74,6 +74,13 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   DeviceGuard guard(device);
   const DeviceInfo& dev = device_info(device);
   const int group = pr.num_qo_heads / pr.num_kv_heads;
+  // Programmatic dependent launch (sm_90+): the merge kernel is scheduled while the decode
+  // kernel's last CTAs run and waits in-kernel for it (griddepcontrol). KVATTN_DECODE_PDL=0 turns
+  // it off, for comparisons. Checked before anything is staged: a failed plan() changes nothing.
+  const char* pdl_env = std::getenv("KVATTN_DECODE_PDL");
+  const std::string pdl = pdl_env ? pdl_env : "";
+  KVATTN_CHECK(pdl.empty() || pdl == "0" || pdl == "1", "KVATTN_DECODE_PDL is 0 or 1, not '", pdl, "'");
+  const bool early_merge = dev.cc_major >= 9 && pdl != "0";
   // A captured run() replays the kernel it captured: graph mode never switches on the batch.
   const bool skewed = !pr.scheduler.cuda_graph && decode_batch_is_skewed(pr.kv_len);
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
@@ -205,11 +212,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   merge_grid_ = fold_in_kernel ? 0 : opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
-  // Programmatic dependent launch (sm_90+): the merge kernel is scheduled while the decode
-  // kernel's last CTAs run and waits in-kernel for it (griddepcontrol). KVATTN_DECODE_PDL=0 turns
-  // it off, for comparisons.
-  const char* pdl = std::getenv("KVATTN_DECODE_PDL");
-  early_merge_launch_ = dev.cc_major >= 9 && !(pdl && std::string(pdl) == "0");
+  early_merge_launch_ = early_merge;
   base_ = b;
   live_ ^= 1;
 }
