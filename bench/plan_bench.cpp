@@ -128,6 +128,15 @@ BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l4096, std::vector<int32_t>(256, 4096
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l32768, std::vector<int32_t>(256, 32768));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));
+BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l512, std::vector<int32_t>(256, 512));
+
+// Skewed batches (longest >= 4x the mean) run the 2-stage bulk kernel, 3 CTAs per SM.
+void BM_PlanDecodeBenchSkewed(benchmark::State& s, std::vector<int32_t> lens) {
+  auto b = decode_batch(std::move(lens));
+  run_plan(s, b, workers(396));
+}
+BENCHMARK_CAPTURE(BM_PlanDecodeBenchSkewed, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
+BENCHMARK_CAPTURE(BM_PlanDecodeBenchSkewed, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));
 
 BENCHMARK(BM_PlanDecode256_Uniform512to16k);
 BENCHMARK(BM_PlanDecode256_Zipf4k);
