@@ -178,7 +178,8 @@ bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_di
   if (!head_dim_ok(head_dim_qk) || !head_dim_ok(head_dim_vo)) return false;
   if (!(q == DType::f16 || q == DType::bf16) || !(kv == q || kv == DType::e4m3 || kv == DType::e5m2)) return false;
   const PrefillKernelConfig pc =
-      choose_prefill_config(q, kv, q, head_dim_qk, head_dim_vo, group_size, true, page_size, features, 1);
+      choose_prefill_config(q, kv, q, head_dim_qk, head_dim_vo, group_size, true, page_size, features, 1,
+                            max_smem_per_block);
   if (prefill_smem_bytes(pc) > max_smem_per_block) return false;
   if (kernel == "prefill") return true;
   // Where the decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE,

@@ -56,7 +56,7 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
                                           bool paged, int page_size, uint32_t features,
-                                          int64_t max_qo_len) {
+                                          int64_t max_qo_len, int64_t max_smem_per_block) {
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU prefill kernels (a multiple of 16 up to 256)");
@@ -96,8 +96,9 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_tile = s.kv_tile;
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
-    // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA.
-    const int budget = std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024);
+    // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA (the
+    // H200's), and no CTA more than the device allows one block (A100: 163 KB, Ada: 99 KB).
+    const int64_t budget = std::min<int64_t>(max_smem_per_block, std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024));
     while (prefill_smem_bytes(c) > budget && c.kv_tile > 32) c.kv_tile /= 2;
     while (prefill_smem_bytes(c) > budget && c.stages > 2) --c.stages;
     return c;
@@ -107,6 +108,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   while (c.warps * 16 < c.heads_per_cta) c.warps *= 2;  // the M tile holds at least one token
   c.kv_tile = wide || c.warps == 1 ? 32 : 64;
   c.stages = 2;
+  while (prefill_smem_bytes(c) > max_smem_per_block && c.kv_tile > 32) c.kv_tile /= 2;
   return c;
 }
 

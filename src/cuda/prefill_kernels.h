@@ -59,14 +59,15 @@ std::string prefill_variant_for(uint32_t features, int head_dim_qk, int head_dim
 //  - when the longest request's packed rows (max_qo_len x heads) fill at least half of the long
 //    shape's M tile (and the group fits in it): the long shape above, its KV tile halved (to 32)
 //    and then its stages cut (to 2) while its shared memory exceeds the per-CTA share of
-//    min_blocks CTAs per SM (fp8 KV and RoPE add buffers);
+//    min_blocks CTAs per SM (fp8 KV and RoPE add buffers) or max_smem_per_block (the device's
+//    opt-in limit per block; the default is the H200's);
 //  - otherwise one 16-row tile per warp, the fewest warps that hold the rows, at most 8 (4 for
-//    head dims above 128), KV tiles of 64 tokens (32 for head dims above 128 or a single warp),
-//    2 stages.
+//    head dims above 128), KV tiles of 64 tokens (32 for head dims above 128 or a single warp, or
+//    when 64 exceeds max_smem_per_block), 2 stages.
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,
                                           int group_size, bool paged, int page_size, uint32_t features,
-                                          int64_t max_qo_len);
+                                          int64_t max_qo_len, int64_t max_smem_per_block = 227 * 1024);
 
 int prefill_smem_bytes(const PrefillKernelConfig& c);
 KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch);

@@ -44,7 +44,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     max_qo = std::max<int64_t>(max_qo, pr.scheduler.cuda_graph->max_tokens);
   const PrefillKernelConfig cfg =
       choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
-                            pr.paged, pr.page_size, pr.variant.features, max_qo);
+                            pr.paged, pr.page_size, pr.variant.features, max_qo,
+                            int64_t(dev.max_smem_per_block_optin));
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;
