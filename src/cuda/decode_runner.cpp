@@ -213,6 +213,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
   early_merge_launch_ = early_merge;
+  // Only a merge launched with PDL may start early: a caller's own kernel launched next with the
+  // attribute must not (it would not wait for this grid).
+  b.merge_follows = early_merge && merge_grid_ > 0 ? 1 : 0;
   base_ = b;
   live_ ^= 1;
 }

@@ -58,6 +58,7 @@ struct DecodeParams {
   const int32_t* slot_merge;  // [slots]: the merge entry of each partial slot
   int32_t* merge_counters;    // [merge entries, head chunks]: zero between runs
   int32_t merge_row_warps;    // the merge kernel's warps per output row (common/merge_rows.cuh)
+  int32_t merge_follows;      // 1: a merge kernel launched with PDL follows; CTAs allow it early
 
   int32_t num_qo_heads, num_kv_heads;
   VariantParams variant;

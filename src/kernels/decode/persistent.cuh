@@ -14,7 +14,7 @@ namespace kvattn::kernels::decode {
 // first), so the schedule the planner balanced is the one the GPU executes.
 template <class Kernel>
 __device__ void run_worker(const DecodeParams& p, char* smem) {
-  allow_dependent_launch();  // the merge kernel may start; it waits for this grid to finish
+  if (p.merge_follows) allow_dependent_launch();  // the merge may start; it waits for this grid
   const int32_t begin = p.worker_begin[blockIdx.x], end = p.worker_begin[blockIdx.x + 1];
   for (int32_t i = begin; i < end; ++i) {
     const DeviceWorkItem item = p.items[i];
@@ -28,7 +28,7 @@ __device__ void run_worker(const DecodeParams& p, char* smem) {
 // hardware's block scheduler starts the next item on an SM as soon as one finishes.
 template <class Kernel>
 __device__ void run_one_item(const DecodeParams& p, char* smem) {
-  allow_dependent_launch();  // the merge kernel may start; it waits for this grid to finish
+  if (p.merge_follows) allow_dependent_launch();  // the merge may start; it waits for this grid
   const DeviceWorkItem item = p.items[blockIdx.x];
   if (item.active) Kernel::run_item(p, smem, item);
 }
