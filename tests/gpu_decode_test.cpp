@@ -214,6 +214,30 @@ TEST(GpuDecode, OnThePrefillKernels) {
       kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f)};
   // The prefill kernels round P to q's dtype (f16) for P V, fp8 KV included.
   run_variant_cases(variants, DType::f16, {DType::f16, DType::e4m3}, 0x1p-10);
+#if KVATTN_WITH_CUDA
+  // One query per request: partial slots hold the group's rows, not the prefill M tile's (16x
+  // more at group 4), so a split batch fits the workspace it needs on the decode kernels (this
+  // one took 4 MiB before).
+  std::vector<int32_t> indptr{0}, indices, last;
+  for (int b = 0; b < 3; ++b) {
+    for (int i = 0; i < 40; ++i) indices.push_back(int32_t(indices.size()));
+    indptr.push_back(int32_t(indices.size()));
+    last.push_back(7);
+  }
+  HostTensor i1 = int32_tensor(indptr), i2 = int32_tensor(indices), i3 = int32_tensor(last);
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim_qk = 128;
+  p.page_size = 16;
+  p.page_table = {i1.view(), i2.view(), i3.view()};
+  DeviceBytes ws(1 << 20);
+  kvattn::BatchDecode op(ws.view());
+  op.plan(p);
+  ASSERT_NE(op.schedule(), nullptr);
+  EXPECT_GT(op.schedule()->num_merges(), 0);  // the batch was split
+  EXPECT_EQ(op.schedule()->partial_slot_rows(), 4);
+#endif
 }
 
 TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
@@ -340,8 +364,8 @@ TEST(GpuDecode, FailedPlanLeavesTheLastGoodSchedule) {
     p.page_table = {keep[0].view(), keep[1].view(), keep[2].view()};
     return p;
   };
-  // 16 MiB: the small batch fits on either kernel path (the prefill kernels' partial states take
-  // about 4 MiB of it); the big one's 4096 x 1100 page ids (17.2 MiB) do not.
+  // 16 MiB: the small batch fits on either kernel path; the big one's 4096 x 1100 page ids
+  // (17.2 MiB) do not.
   DeviceBytes ws(16 << 20);
   kvattn::BatchDecode op(ws.view());
   std::vector<HostTensor> small_keep, big_keep;

@@ -73,7 +73,11 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   in.num_kv_heads = pr.num_kv_heads;
   in.head_dim_qk = pr.head_dim_qk;
   in.head_dim_vo = pr.head_dim_vo;
-  in.tile = TileShape{cfg.query_tokens(), cfg.kv_tile};
+  // Decode on these kernels has one query per request: planning with one-token query tiles
+  // gives the same items, and partial slots of `group` rows instead of the M tile's
+  // query_tokens() x group (16x the workspace at group 4). The kernel indexes partial rows by
+  // the plan's partial_rows, not by its tile.
+  in.tile = TileShape{pr.one_query_per_request ? 1 : cfg.query_tokens(), cfg.kv_tile};
   in.causal = (pr.variant.features & kernels::kCausal) != 0;
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
   const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
