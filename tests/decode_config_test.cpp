@@ -85,9 +85,10 @@ TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
   EXPECT_EQ(fp8.name(), "decode_simt_e4m3_qbf16_hd128_g4_p16_f0");
 }
 
-// The bulk-copy kernel: the default on sm_90+ (the caller's bulk_copies flag) for f16/bf16 KV on
-// tensor cores; KVATTN_DECODE_KERNEL=mma|transposed selects the others, =bulk changes nothing where
-// the device has no bulk copies.
+// The bulk-copy kernels: the default on sm_90+ (the caller's bulk_copies flag) for f16/bf16 KV on
+// tensor cores, TMA page boxes where pages and head dims allow, else row copies;
+// KVATTN_DECODE_KERNEL=mma|transposed selects the others, =bulk the row copies (and changes nothing
+// where the device has no bulk copies).
 TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
   DecodeKernelEnv grid(nullptr, "KVATTN_DECODE_GRID");
@@ -98,13 +99,35 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   EXPECT_FALSE(c.transposed);
   EXPECT_EQ(c.stages, 3);
   EXPECT_EQ(c.threads, 128);
-  EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk");
-  // 3 x 64 x (272 + 272) + q 16 x 272 + 12 barriers: two CTAs (plus 1 KB reserved each) per 228 KB SM.
-  EXPECT_EQ(decode_smem_bytes(c), 108896);
+  // Page 16: TMA page boxes (DecodeTmaKernel). 1 KB alignment slack + 3 x 4 warps x 16 x (128 + 128)
+  // x 2 + q 16 x 272 + 12 barriers: two CTAs (plus 1 KB reserved each) per 228 KB SM.
+  EXPECT_TRUE(c.tma);
+  EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0_tma");
+  EXPECT_EQ(decode_smem_bytes(c), 103776);
   EXPECT_LE(2 * (decode_smem_bytes(c) + 1024), 228 * 1024);
+  // Boxes need pages of a multiple of 16 tokens and head dims of a multiple of 64; elsewhere the
+  // row copies (DecodeBulkKernel): 3 x 64 x (272 + 272) + q 16 x 272 + 12 barriers.
+  for (int ps : {16, 32, 48, 128})
+    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, ps, 0, true).tma) << ps;
+  for (int ps : {1, 5, 8, 24}) {
+    auto rows = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, ps, 0, true);
+    EXPECT_TRUE(rows.bulk && !rows.tma) << ps;
+  }
+  auto page1 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true);
+  EXPECT_EQ(page1.name(), "decode_mma_bf16_hd128_g4_p1_f0_bulk");
+  EXPECT_EQ(decode_smem_bytes(page1), 108896);
+  auto hd80 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 80, 80, 4, 16, 0, true);
+  EXPECT_TRUE(hd80.bulk && !hd80.tma);
+  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).tma);
+  {
+    DecodeKernelEnv rows("bulk");  // the row copies, for measurements
+    auto r = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    EXPECT_TRUE(r.bulk && !r.tma);
+    EXPECT_EQ(r.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk");
+  }
   EXPECT_TRUE(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 1, 16, 0, true).bulk);
   auto wide = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true);
-  EXPECT_TRUE(wide.bulk);
+  EXPECT_TRUE(wide.bulk && wide.tma);
   EXPECT_EQ(wide.threads, 64);  // two warps keep two CTAs per SM at head dim 256
   EXPECT_LE(decode_smem_bytes(wide), 112 * 1024) << wide.name();
   // Not on devices before sm_90 (even when asked for), nor for anything off the tensor-core path.
@@ -136,14 +159,18 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
     auto s4 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
     EXPECT_EQ(s4.stages, 4);
     EXPECT_EQ(s4.threads, 128);
-    EXPECT_EQ(s4.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk_s4");
-    EXPECT_EQ(decode_smem_bytes(s4), 143744);
+    EXPECT_EQ(s4.name(), "decode_mma_bf16_hd128_g4_p16_f0_tma_s4");
+    EXPECT_EQ(decode_smem_bytes(s4), 136576);
+    EXPECT_EQ(decode_smem_bytes(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true)),
+              143744);
   }
   {
     DecodeKernelEnv two("2", "KVATTN_DECODE_BULK_STAGES");
     auto s2 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
-    EXPECT_EQ(s2.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk_s2");
+    EXPECT_EQ(s2.name(), "decode_mma_bf16_hd128_g4_p16_f0_tma_s2");
     EXPECT_LE(3 * (decode_smem_bytes(s2) + 1024), 228 * 1024);  // three CTAs per SM
+    auto rows2 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true);
+    EXPECT_LE(3 * (decode_smem_bytes(rows2) + 1024), 228 * 1024);
   }
   {
     // 3 is the default depth: the same kernel as with the variable unset (wide rows keep 2 warps).

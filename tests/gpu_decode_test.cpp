@@ -119,6 +119,48 @@ TEST(GpuDecode, GroupSizesPageSizesLayouts) {
       }
 }
 
+// The page-box kernel of sm_90+ (DecodeTmaKernel: pages of a multiple of 16 tokens, head dims of
+// multiples of 64): page sizes 16 to 64 in both layouts, partial last pages, head dims 64 to 256,
+// split chunks, a sliding window (chunk starts off the 16-token grid), and with
+// KVATTN_DECODE_TMA_BOXES=0 every tile on its cp.async path into the same swizzled layout. Where the
+// device has no bulk copies the same cases run on the cp.async kernels.
+TEST(GpuDecode, PageBoxesAndTheirFallback) {
+  SKIP_WITHOUT_GPU();
+  for (const char* boxes : {"1", "0"}) {
+    ScopedEnv env("KVATTN_DECODE_TMA_BOXES", boxes);
+    SCOPED_TRACE(std::string("KVATTN_DECODE_TMA_BOXES=") + boxes);
+    for (int ps : {16, 32, 48, 64})
+      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+        for (int hd : {64, 128, 256}) {
+          if (hd != 128 && ps != 16) continue;
+          KVATTN_CASE_RNG(rng);
+          AttnCase c = gpu_case(DType::bf16, DType::bf16);
+          c.lens = lens_of(rng, 4, 1, 700);
+          c.num_qo_heads = 16;
+          c.num_kv_heads = 4;
+          c.head_dim_qk = hd;
+          c.page_size = ps;
+          c.layout = layout;
+          c.store = ps == 32 ? KVStore::paged_combined : KVStore::paged;
+          if (ps == 48) c.scheduler.fixed_split_size = 128;
+          run_gpu_decode_case(c, rng);
+        }
+    for (const kvattn::Variant& v : {kvattn::variants::sliding_window(100), kvattn::variants::soft_cap(5.0f)}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::f16, DType::f16);
+      c.lens = {{1, 1500}, {1, 333}, {1, 16}, {1, 0}};
+      c.num_qo_heads = 32;
+      c.num_kv_heads = 8;
+      c.head_dim_qk = 128;
+      c.page_size = 16;
+      c.variant = v;
+      c.scheduler.fixed_split_size = 256;
+      SCOPED_TRACE(v.describe());
+      run_gpu_decode_case(c, rng);
+    }
+  }
+}
+
 TEST(GpuDecode, ShortEmptyAndLongRequests) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::vector<std::pair<int64_t, int64_t>>> batches = {

@@ -25,7 +25,10 @@ std::string DecodeKernelConfig::name() const {
   if (!tensor_cores && tile_tokens != 64) n += "_k" + std::to_string(tile_tokens);
   if (persistent) n += "_persistent";
   if (tensor_cores && transposed) n += "_t";
-  if (tensor_cores && bulk) n += stages == 3 ? std::string("_bulk") : "_bulk_s" + std::to_string(stages);
+  if (tensor_cores && bulk) {
+    const std::string kind = tma ? "_tma" : "_bulk";
+    n += stages == 3 ? kind : kind + "_s" + std::to_string(stages);
+  }
   return n;
 }
 
@@ -68,6 +71,8 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
                "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
   c.transposed = c.tensor_cores && kernel == "transposed";
   c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
+  // TMA boxes of 16 tokens x 64 dims: pages of whole boxes, head dims of whole 128-byte rows.
+  c.tma = c.bulk && kernel.empty() && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0;
   int smem_limit = 110 * 1024;
   const char* stages_env = std::getenv("KVATTN_DECODE_BULK_STAGES");
   const std::string stages = stages_env ? stages_env : "";
@@ -97,6 +102,8 @@ bool decode_folds_in_kernel() {
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
+  if (c.tensor_cores && c.bulk && c.tma)
+    return kernels::decode::tma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   if (c.tensor_cores && c.bulk)
     return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   if (c.tensor_cores && c.transposed)
@@ -119,12 +126,13 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   std::string kernel;
   if (c.tensor_cores) {
     kernel = std::string("kvattn::kernels::decode::") +
-             (c.bulk ? "DecodeBulkKernel<" : c.transposed ? "DecodeMmaTKernel<" : "DecodeMmaKernel<") +
+             (c.tma ? "DecodeTmaKernel<" : c.bulk ? "DecodeBulkKernel<" : c.transposed ? "DecodeMmaTKernel<" : "DecodeMmaKernel<") +
              code(c.kv_dtype) + ", " + code(c.q_dtype) + ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
              std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
              std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
              std::to_string(c.stages) + ", " + std::to_string(c.threads / 32) + ">";
-    spec.source = c.bulk         ? "#include \"kernels/decode/decode_bulk_kernel.cuh\"\n"
+    spec.source = c.tma          ? "#include \"kernels/decode/decode_tma_kernel.cuh\"\n"
+                  : c.bulk       ? "#include \"kernels/decode/decode_bulk_kernel.cuh\"\n"
                   : c.transposed ? "#include \"kernels/decode/decode_mma_t_kernel.cuh\"\n"
                                  : "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
   } else {

@@ -21,6 +21,10 @@ struct DecodeKernelConfig {
   // Tensor cores only: DecodeBulkKernel (K/V rows by cp.async.bulk completing on mbarriers,
   // `stages` deep; sm_90+), the default where the device has bulk copies.
   bool bulk = false;
+  // Bulk only: DecodeTmaKernel (a warp's 16 K and V rows of one page as TMA tensor boxes, swizzled,
+  // instead of 32 row copies), where pages hold a multiple of 16 tokens and the head dims are
+  // multiples of 64. KVATTN_DECODE_KERNEL=bulk keeps the row copies, for measurements.
+  bool tma = false;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   int head_dim_qk = 128, head_dim_vo = 128;
   int heads_per_cta = 4;      // query heads of one KV head's group per CTA (blockIdx.y splits the rest)
@@ -33,7 +37,7 @@ struct DecodeKernelConfig {
   bool persistent = false;
 
   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed, "..._bulk" or "..._bulk_s<stages>"
-  // when bulk, the latter for stages other than 3)
+  // when bulk, the latter for stages other than 3; "..._tma" / "..._tma_s<stages>" likewise)
   std::string name() const;
 };
 

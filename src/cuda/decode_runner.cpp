@@ -81,6 +81,12 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const std::string pdl = pdl_env ? pdl_env : "";
   KVATTN_CHECK(pdl.empty() || pdl == "0" || pdl == "1", "KVATTN_DECODE_PDL is 0 or 1, not '", pdl, "'");
   const bool early_merge = dev.cc_major >= 9 && pdl != "0";
+  // KVATTN_DECODE_TMA_BOXES=0 sends every tile of the TMA kernel down its cp.async path (tests of
+  // that path, measurements).
+  const char* boxes_env = std::getenv("KVATTN_DECODE_TMA_BOXES");
+  const std::string boxes = boxes_env ? boxes_env : "";
+  KVATTN_CHECK(boxes.empty() || boxes == "0" || boxes == "1", "KVATTN_DECODE_TMA_BOXES is 0 or 1, not '", boxes,
+               "'");
   // A captured run() replays the kernel it captured: graph mode never switches on the batch.
   const bool skewed = !pr.scheduler.cuda_graph && decode_batch_is_skewed(pr.kv_len);
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
@@ -213,6 +219,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
   early_merge_launch_ = early_merge;
+  tma_boxes_ = boxes != "0";
   // Only a merge launched with PDL may start early: a caller's own kernel launched next with the
   // attribute must not (it would not wait for this grid).
   b.merge_follows = early_merge && merge_grid_ > 0 ? 1 : 0;
@@ -244,6 +251,25 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
   p.v_stride_page = t.v_stride_page;
   p.v_stride_token = t.v_stride_token;
   p.v_stride_head = t.v_stride_head;
+  if (config_.tma) {
+    const PagedCacheView k{t.k, config_.kv_dtype, config_.head_dim_qk, base_.page_size, base_.num_kv_heads,
+                           t.num_pages, t.k_stride_page, t.k_stride_token, t.k_stride_head};
+    const PagedCacheView v{t.v, config_.kv_dtype, config_.head_dim_vo, base_.page_size, base_.num_kv_heads,
+                           t.num_pages, t.v_stride_page, t.v_stride_token, t.v_stride_head};
+    if (!maps_.valid || !(maps_.k == k) || !(maps_.v == v)) {
+      int k_dim = 0, v_dim = 0;
+      maps_.ready = encode_paged_cache_map(k, maps_.k_map, k_dim) && encode_paged_cache_map(v, maps_.v_map, v_dim) &&
+                    k_dim == v_dim;
+      maps_.token_dim = k_dim;
+      maps_.k = k;
+      maps_.v = v;
+      maps_.valid = true;
+    }
+    p.tma_ready = maps_.ready && tma_boxes_ ? 1 : 0;
+    p.tma_token_dim = maps_.token_dim;
+    p.k_map = maps_.k_map;
+    p.v_map = maps_.v_map;
+  }
   void* args[] = {&p};
   if (grid_ == 0) return;  // an empty batch
   check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(grid_), unsigned(head_chunks_)),

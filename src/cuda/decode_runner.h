@@ -12,6 +12,7 @@
 
 #include "cuda/decode_kernels.h"
 #include "cuda/plan_staging.h"
+#include "cuda/tensor_map.h"
 #include "kernels/decode/params.cuh"
 #include "kvattn/plan.h"
 
@@ -85,7 +86,16 @@ class DecodeRunner {
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
   int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
   bool early_merge_launch_ = false;  // sm_90+: the merge launches during the decode kernel's tail
+  bool tma_boxes_ = true;            // KVATTN_DECODE_TMA_BOXES=0: the TMA kernel copies rows
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
+  // DecodeTmaKernel's tensor maps, re-encoded by run() only when the caches it is given change.
+  struct TensorMaps {
+    PagedCacheView k, v;
+    kernels::TensorMapBytes k_map{}, v_map{};
+    int token_dim = 0;
+    bool ready = false, valid = false;
+  };
+  mutable TensorMaps maps_;
 };
 
 }  // namespace kvattn::cuda

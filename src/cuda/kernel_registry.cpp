@@ -30,7 +30,7 @@ std::vector<RegisteredKernel> decode_kernels() {
   auto add = [&](DType q, DType kv, int hd, int group, uint32_t features) {
     DecodeKernelConfig c = choose_decode_config(q, kv, q, hd, hd, group, 16, features);
     out.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
-    // What the same problem runs on sm_90+: the bulk-copy kernel.
+    // What the same problem runs on sm_90+: the bulk-copy kernel (TMA boxes at page 16).
     DecodeKernelConfig h = choose_decode_config(q, kv, q, hd, hd, group, 16, features, /*bulk_copies=*/true);
     if (h.bulk) out.push_back({h.name(), [h](const std::string& arch) { return decode_spec(h, arch); }, 90});
     // ... and for skewed batches (decode_batch_is_skewed): 2 stages.
@@ -49,6 +49,12 @@ std::vector<RegisteredKernel> decode_kernels() {
   add(DType::bf16, DType::e4m3, 128, 4, 0);
   add(DType::bf16, DType::e5m2, 128, 8, 0);
   add(DType::bf16, DType::bf16, 128, 4, kernels::kRope);
+  // Pages of fewer than 16 tokens keep the row copies on sm_90+ (DecodeBulkKernel): page 1.
+  for (DType t : {DType::bf16, DType::f16})
+    for (bool skewed : {false, true}) {
+      DecodeKernelConfig r = choose_decode_config(t, t, t, 128, 128, 4, 1, 0, /*bulk_copies=*/true, skewed);
+      if (r.bulk) out.push_back({r.name(), [r](const std::string& arch) { return decode_spec(r, arch); }, 90});
+    }
   return out;
 }
 

@@ -124,6 +124,17 @@ struct DecodeMmaKernel {
   // The math of one warp's 16 tokens of a tile, whose K rows start at ks_base (pitch kPitchK) and
   // V rows at vs_base (pitch kPitchV); tok0 is the first token. Updates the warp's online-softmax
   // state (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel.
+  // Byte offset of (row, byte column) in a warp's block of 16 rows stored as DecodeTmaKernel's TMA
+  // boxes: [columns / 128][16 rows][128 bytes], the 16-byte chunks of each 128-byte row XOR-swizzled
+  // by row % 8 (CU_TENSOR_MAP_SWIZZLE_128B on a 1024-byte aligned block), so the 8 rows that one
+  // ldmatrix phase reads fall in 8 different bank groups.
+  static __device__ __forceinline__ int swizzled_offset(int row, int col_bytes) {
+    return (col_bytes / 128) * (16 * 128) + row * 128 + ((((col_bytes / 16) % 8) ^ (row % 8)) * 16) + col_bytes % 16;
+  }
+
+  // SWIZZLED: ks_base / vs_base are the warp's blocks in the swizzled box layout above; else padded
+  // rows of pitch kPitchK / kPitchV.
+  template <bool SWIZZLED = false>
   static __device__ __forceinline__ void tile_math(const DecodeParams& p, const DeviceWorkItem& item,
                                                    const char* ks_base, const char* vs_base,
                                                    const uint32_t (&qfrag)[kQInRegisters ? DQK / 16 : 1][4],
@@ -138,7 +149,8 @@ struct DecodeMmaKernel {
 #pragma unroll
     for (int ks = 0; ks < DQK / 16; ++ks) {
       uint32_t b[4];
-      ldmatrix_x4(b, ks_base + k_row * kPitchK + (ks * 16 + k_col) * 2);
+      ldmatrix_x4(b, ks_base + (SWIZZLED ? swizzled_offset(k_row, (ks * 16 + k_col) * 2)
+                                         : k_row * kPitchK + (ks * 16 + k_col) * 2));
       if constexpr (kQInRegisters) {
         mma_16816<DT>(s[0], qfrag[ks], b[0], b[1]);
         mma_16816<DT>(s[1], qfrag[ks], b[2], b[3]);
@@ -174,10 +186,14 @@ struct DecodeMmaKernel {
         const float m_new = fmaxf(m[r], tile_max[r]);
         const float scale = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
         d[r] *= scale;
+        // The running max of a row rarely moves after the first tiles: skip the DVO / 4 multiplies
+        // of the accumulator unless some row of the warp moved (scale is exactly 1 otherwise).
+        if (__any_sync(0xffffffffu, scale != 1.0f)) {
 #pragma unroll
-        for (int n = 0; n < DVO / 8; ++n) {
-          acc[n][2 * r] *= scale;
-          acc[n][2 * r + 1] *= scale;
+          for (int n = 0; n < DVO / 8; ++n) {
+            acc[n][2 * r] *= scale;
+            acc[n][2 * r + 1] *= scale;
+          }
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n)
@@ -202,7 +218,8 @@ struct DecodeMmaKernel {
 #pragma unroll
     for (int dn = 0; dn < DVO / 16; ++dn) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, vs_base + v_row * kPitchV + (dn * 16 + v_col) * 2);
+      ldmatrix_x4_trans(b, vs_base + (SWIZZLED ? swizzled_offset(v_row, (dn * 16 + v_col) * 2)
+                                               : v_row * kPitchV + (dn * 16 + v_col) * 2));
       mma_16816<DT>(acc[2 * dn], pa, b[0], b[1]);
       mma_16816<DT>(acc[2 * dn + 1], pa, b[2], b[3]);
     }

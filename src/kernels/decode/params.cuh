@@ -29,6 +29,12 @@ struct DeviceMergeEntry {
   int32_t num_slots;
 };
 
+// A CUtensorMap (128 opaque bytes, 64-byte aligned), kept as bytes so that device code needs no
+// driver header; src/cuda/tensor_map.cpp encodes it.
+struct alignas(64) TensorMapBytes {
+  uint64_t words[16];
+};
+
 struct DecodeParams {
   const void* q;  // [batch, num_qo_heads, head_dim_qk]
   int64_t q_stride_n, q_stride_h;
@@ -62,6 +68,14 @@ struct DecodeParams {
 
   int32_t num_qo_heads, num_kv_heads;
   VariantParams variant;
+
+  // DecodeTmaKernel only (decode_tma_kernel.cuh): tensor maps of the K and V caches, 4-D: head
+  // dim, then token and head in the order of their strides (tma_token_dim 1: token first; 2: head
+  // first), then page. tma_ready = 0: run() could not encode them (see tensor_map.h), and every
+  // tile takes the kernel's cp.async path.
+  int32_t tma_ready;
+  int32_t tma_token_dim;
+  TensorMapBytes k_map, v_map;
 };
 
 #if defined(__CUDACC__)  // device code (NVRTC or nvcc); host code includes this file for the layout

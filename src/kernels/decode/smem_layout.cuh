@@ -39,4 +39,11 @@ constexpr int bulk_smem_bytes(int dqk, int dvo, int stages, int warps) {
          16 * odd_chunks(dqk * 2) * 16 + stages * warps * 8;
 }
 
+// Tensor-core kernel with TMA boxes (DecodeTmaKernel): 1024 bytes of alignment slack, unpadded
+// swizzled K/V stages (or the merge buffers), q, one mbarrier per stage and warp.
+constexpr int tma_smem_bytes(int dqk, int dvo, int stages, int warps) {
+  return 1024 + max_of(stages * warps * 16 * (dqk + dvo) * 2, warps * 16 * (dvo + 2) * 4) +
+         16 * odd_chunks(dqk * 2) * 16 + stages * warps * 8;
+}
+
 }  // namespace kvattn::kernels::decode

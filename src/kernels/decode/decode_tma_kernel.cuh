@@ -1,0 +1,226 @@
+// The tensor-core paged decode for sm_90+ where pages hold a multiple of 16 tokens (the default
+// there; docs/DESIGN.md, "Decode kernels"): DecodeBulkKernel's per-warp pipeline, with each warp's
+// 16 K rows and 16 V rows of a tile brought in by TMA tensor copies instead of one bulk copy per row.
+//
+// Why: cp.async.bulk takes its operands in uniform registers, so the 32 per-lane row copies of
+// DecodeBulkKernel compile to a 32-round loop (ELECT, four R2UR, UBLKCP) per warp and tile: 40% of
+// its instructions at 64 x 4096 (ncu, docs/NOTES.md, sixth session), in a kernel whose warps were
+// bound by issue latency, not by DRAM. Here a warp's 16 tokens of one page are DQK/64 + DVO/64
+// boxes of [16 tokens][64 dims] (2 KB each), one instruction each:
+//   cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+// through the 4-D tensor maps of the K and V caches that run() encodes (DecodeParams::k_map/v_map:
+// head dim, then token and head in the order of their strides, then page). The boxes land
+// 128-byte swizzled (CU_TENSOR_MAP_SWIZZLE_128B), so the rows need no padding for ldmatrix:
+// DecodeMmaKernel::tile_math<true> reads them through swizzled_offset.
+//
+// A warp's tile takes the box copies when its 16 tokens are all in range and in one valid page
+// (always, for page sizes that are multiples of 16 with 16-aligned chunks, except a request's last
+// partial tile); otherwise (the last partial tile, a bad page id, a chunk start that is not
+// 16-aligned, or no tensor map) its lanes copy their rows 16 bytes at a time with cp.async into the
+// same swizzled places, zero-filling rows past the range or with bad page ids, and arrive on the
+// same mbarrier through cp.async.mbarrier.arrive (which holds the phase open until the copies land).
+// Barrier protocol as DecodeBulkKernel: one mbarrier per (stage, warp), arrival count 1 (lane 0),
+// the box bytes as its transaction count; all lanes wait with try_wait.parity. After a stage was
+// filled by cp.async (generic proxy), every lane runs fence.proxy.async before the next box copy
+// into it (write-after-write across proxies).
+//
+// Shared memory (tma_smem_bytes): 1024 bytes of alignment slack (swizzled boxes need 1024-byte
+// aligned blocks), STAGES x WARPS x 16 tokens x (DQK + DVO) x 2 bytes, q [16][pitch], the barriers.
+// Head dim 128, 4 warps, 3 stages: 103,776 bytes, two CTAs per SM; 2 stages: 70,976, three.
+#pragma once
+
+#include "kernels/decode/decode_bulk_kernel.cuh"
+
+namespace kvattn::kernels::decode {
+
+namespace tma_detail {
+
+// One box of a 4-D tensor map into shared memory, completing its bytes on `bar` (sm_90).
+// `map` is the generic address of a __grid_constant__ parameter.
+__device__ __forceinline__ void tensor_copy_4d(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
+                                               uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+// The barrier's current phase also waits for this thread's earlier cp.async copies (the pending
+// count is raised now and lowered when they complete: no net arrival).
+__device__ __forceinline__ void cp_async_arrive_on(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+}  // namespace tma_detail
+
+template <int DT, int QDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
+          int STAGES, int WARPS>
+struct DecodeTmaKernel {
+  using Base = DecodeMmaKernel<DT, QDT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
+  static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
+  static_assert(DQK % 64 == 0 && DVO % 64 == 0, "whole 64-dim (128-byte) boxes");
+  static constexpr int kThreads = Base::kThreads;
+  static constexpr int kTile = Base::kTile;
+  static constexpr int kPitchQ = Base::kPitchQ;
+  static constexpr int kBoxBytes = 16 * 128;       // 16 tokens x 64 dims
+  static constexpr int kWarpKBytes = 16 * DQK * 2;  // DQK / 64 boxes
+  static constexpr int kWarpVBytes = 16 * DVO * 2;
+  static constexpr int kWarpBytes = kWarpKBytes + kWarpVBytes;  // a warp's block of one stage
+  static constexpr int kStageBytes = WARPS * kWarpBytes;
+  static constexpr int kPipeBytes = STAGES * kStageBytes;
+  static constexpr int kBigBytes = kPipeBytes > Base::kMergeBytes ? kPipeBytes : Base::kMergeBytes;
+  static constexpr int kQOffset = kBigBytes;
+  static constexpr int kBarOffset = kQOffset + 16 * kPitchQ;
+  static constexpr int kSmemBytes = 1024 + kBarOffset + STAGES * WARPS * 8;
+  static_assert(kSmemBytes == tma_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
+  static_assert(kWarpBytes % 1024 == 0 && kBarOffset % 8 == 0, "1024-byte aligned boxes; aligned barriers");
+
+  static __device__ void run_item(const DecodeParams& p, char* smem_raw, const DeviceWorkItem& item) {
+    using namespace bulk_detail;
+    using namespace tma_detail;
+    // The swizzle pattern follows address bits 7-9: the boxes start on 1024-byte boundaries.
+    char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = p.num_qo_heads / p.num_kv_heads;
+    const int head0 = item.kv_head * group + blockIdx.y * GH;
+    const int ps = PAGE > 0 ? PAGE : p.page_size;
+    const int32_t page_base = p.kv_indptr[item.request];
+    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
+    const int32_t kv_len = n_pages == 0 ? 0 : (n_pages - 1) * ps + p.kv_last_page_len[item.request];
+    const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
+
+    // This lane's row on the cp.async path: token warp * 16 + lane % 16 of every tile, of K (lanes
+    // 0-15) or V (16-31).
+    const int row = lane % 16;
+    const bool is_v = lane >= 16;
+    const char* src_head = is_v ? static_cast<const char*>(p.v) + item.kv_head * p.v_stride_head * 2
+                                : static_cast<const char*>(p.k) + item.kv_head * p.k_stride_head * 2;
+    const int64_t stride_page = is_v ? p.v_stride_page : p.k_stride_page;
+    const int64_t stride_token = is_v ? p.v_stride_token : p.k_stride_token;
+    const int row_chunks = (is_v ? DVO : DQK) * 2 / 16;
+    const uint32_t bars = smem_addr(smem + kBarOffset);  // barrier of (stage s, warp w): bars + 8 (s W + w)
+    const bool token_dim1 = p.tma_token_dim == 1;
+    uint32_t generic_stages = 0;  // bit s: stage s was last filled through the generic proxy
+
+    if (threadIdx.x < STAGES * WARPS) {
+      mbar_init(bars + 8 * threadIdx.x, 1);
+      fence_mbarrier_init();
+    }
+    __syncthreads();  // the barriers are initialised before any thread arrives on or waits for them
+
+    bool bad = false;  // a page id was out of range: the rows come out NaN
+    struct PendingId {
+      int32_t pos, raw;
+    };
+    // The page id of this lane's row in `tile`: load() issues the global load (pos = -1 past the
+    // range), check() uses the value a tile later, so its latency hides under the math.
+    auto load = [&](int tile) {
+      const int32_t tok = item.kv_begin + tile * kTile + warp * 16 + row;
+      PendingId id{-1, -1};
+      if (tok < item.kv_end) {
+        id.pos = page_base + tok / ps;
+        id.raw = p.kv_indices[id.pos];
+      }
+      return id;
+    };
+    auto check = [&](const PendingId& id) -> int32_t {
+      if (id.pos < 0) return -1;
+      if (id.raw >= 0 && id.raw < p.num_pages) return id.raw;
+      const int32_t checked = checked_page(p, id.pos);  // records the error (and re-reads the id)
+      bad |= checked < 0;
+      return checked;
+    };
+    // Starts the copies of this warp's rows of `tile` (its stage was last read by this warp).
+    auto issue = [&](int tile, const PendingId& pending) {
+      const int32_t page = check(pending);
+      const int stage = tile % STAGES;
+      const uint32_t bar = bars + 8 * (stage * WARPS + warp);
+      char* block = smem + stage * kStageBytes + warp * kWarpBytes;  // K boxes, then V boxes
+      const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
+      const int32_t page0 = __shfl_sync(0xffffffffu, page, 0);
+      // Boxes: one logical page holds all 16 tokens (a table may repeat a page id), all of them
+      // in range with a valid id, and run() has tensor maps.
+      const bool one_page = tok0 / ps == (tok0 + 15) / ps;
+      const bool boxes = p.tma_ready && one_page && __all_sync(0xffffffffu, page >= 0 && page == page0);
+      __syncwarp();  // every lane is past its reads of this stage (the last tile's ldmatrix)
+      if (boxes) {
+        if (generic_stages & (1u << stage)) {
+          fence_proxy_async_smem();  // the cp.async rows written here before, then these boxes
+          generic_stages &= ~(1u << stage);
+          __syncwarp();
+        }
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bar, kWarpBytes);
+          const int tok_in_page = tok0 % ps;
+          const int c1 = token_dim1 ? tok_in_page : item.kv_head, c2 = token_dim1 ? item.kv_head : tok_in_page;
+#pragma unroll
+          for (int b = 0; b < DQK / 64; ++b)
+            tensor_copy_4d(smem_addr(block + b * kBoxBytes), &p.k_map, b * 64, c1, c2, page0, bar);
+#pragma unroll
+          for (int b = 0; b < DVO / 64; ++b)
+            tensor_copy_4d(smem_addr(block + kWarpKBytes + b * kBoxBytes), &p.v_map, b * 64, c1, c2, page0, bar);
+        }
+      } else {
+        const int32_t tok = tok0 + row;
+        const bool valid = page >= 0;
+        const char* src = valid ? src_head + (stride_page * page + stride_token * int64_t(tok % ps)) * 2 : src_head;
+        char* dst = block + (is_v ? kWarpKBytes : 0);
+        for (int c = 0; c < row_chunks; ++c)
+          cp_async_16(dst + Base::swizzled_offset(row, c * 16), src + c * 16, valid);
+        cp_async_arrive_on(bar);
+        generic_stages |= 1u << stage;
+        __syncwarp();  // every lane's pending arrival is registered before the phase can complete
+        if (lane == 0) mbar_arrive(bar);
+      }
+    };
+
+    // Prologue: tiles 0 .. STAGES-2 in flight, the page ids of tile STAGES-1 loading.
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t)
+      if (t < n_tiles) issue(t, load(t));
+    PendingId next = load(STAGES - 1);
+
+    char* qs = smem + kQOffset;
+    Base::stage_q(p, qs, item, head0);
+    __syncthreads();
+    uint32_t qfrag[Base::kQInRegisters ? DQK / 16 : 1][4];
+    if constexpr (Base::kQInRegisters) {
+      const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
+    }
+
+    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
+    float acc[DVO / 8][4];
+#pragma unroll
+    for (int n = 0; n < DVO / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      // Refill the stage read last round with tile + STAGES - 1, then start the ids of the next one.
+      const int ahead = tile + STAGES - 1;
+      if (ahead < n_tiles) issue(ahead, next);
+      next = load(ahead + 1);
+
+      const int stage = tile % STAGES;
+      mbar_wait_parity(bars + 8 * (stage * WARPS + warp), uint32_t(tile / STAGES) & 1u);
+      const char* ks_base = smem + stage * kStageBytes + warp * kWarpBytes;
+      const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
+      Base::template tile_math<true>(p, item, ks_base, ks_base + kWarpKBytes, qfrag, qs, tok0, head0, kv_len, m,
+                                     d, acc);
+    }
+    // Every warp has waited for every tile it issued, so no copy is in flight: the stages may be
+    // reused as the merge buffers and the barriers invalidated.
+    const bool poisoned = __syncthreads_or(bad);
+    if (threadIdx.x < STAGES * WARPS) mbar_inval(bars + 8 * threadIdx.x);
+    Base::merge_and_store(p, smem, item, head0, group, m, d, acc, poisoned);
+    // The merge buffers were written through the generic proxy; a persistent worker's next item
+    // copies boxes into the same bytes (after run_worker's __syncthreads).
+    fence_proxy_async_smem();
+  }
+};
+
+}  // namespace kvattn::kernels::decode
