@@ -81,6 +81,7 @@ struct DecodeBenchOptions {
   bool host_table = false;   // time runs whose page ids were copied from the host at plan()
   bool no_split = false;     // SchedulerOptions::disable_split_kv
   int split_size = 0;        // SchedulerOptions::fixed_split_size; 0: the planner decides
+  bool hnd = false;          // read the cache as HND ([page, head, token, dim]) instead of NHD
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
@@ -146,7 +147,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   const int64_t ws_bytes = int64_t(512) << 20;
   DeviceBuffer<char> ws(static_cast<size_t>(ws_bytes));
 
-  kvattn::BatchDecode decode(TensorView(ws.ptr, DType::u8, {ws_bytes}, kvattn::Device::cuda(0)));
+  kvattn::BatchDecode decode(TensorView(ws.ptr, DType::u8, {ws_bytes}, kvattn::Device::cuda(0)),
+                            o.hnd ? kvattn::KVLayout::HND : kvattn::KVLayout::NHD);
   kvattn::BatchDecodePlan plan;
   plan.num_qo_heads = c.num_qo_heads;
   plan.num_kv_heads = c.num_kv_heads;
@@ -188,6 +190,10 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   auto cache_view = [&](int copy) {
     uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
     auto dev = kvattn::Device::cuda(0);
+    if (o.hnd)
+      return kvattn::PagedKVCache::split(TensorView(base, DType::bf16, {pages, c.num_kv_heads, P, D}, dev),
+                                         TensorView(base + cache_elems, DType::bf16, {pages, c.num_kv_heads, P, D}, dev),
+                                         kvattn::KVLayout::HND);
     return kvattn::PagedKVCache::split(TensorView(base, DType::bf16, {pages, P, c.num_kv_heads, D}, dev),
                                        TensorView(base + cache_elems, DType::bf16, {pages, P, c.num_kv_heads, D}, dev),
                                        kvattn::KVLayout::NHD);
@@ -198,7 +204,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   // decode-on-prefill heuristic of the prefill issue; its page table stays on the host.
   std::vector<int32_t> qo_indptr(size_t(B) + 1);
   std::iota(qo_indptr.begin(), qo_indptr.end(), 0);
-  kvattn::BatchPrefill prefill(TensorView(ws.ptr, DType::u8, {ws_bytes}, kvattn::Device::cuda(0)));
+  kvattn::BatchPrefill prefill(TensorView(ws.ptr, DType::u8, {ws_bytes}, kvattn::Device::cuda(0)),
+                                o.hnd ? kvattn::KVLayout::HND : kvattn::KVLayout::NHD);
   if (via_prefill) {
     kvattn::BatchPrefillPlan pp;
     static_cast<kvattn::AttentionShape&>(pp) = plan;
@@ -258,6 +265,8 @@ void bench_decode(const DecodeBenchOptions& o) {
   kvattn::cuda::require_cuda("kvattn bench decode");
   if (o.via_prefill && !o.save_io.empty())
     throw kvattn::Error("kvattn bench decode: --via-prefill and --save-io do not combine");
+  if (o.hnd && !o.save_io.empty())
+    throw kvattn::Error("kvattn bench decode: --hnd and --save-io do not combine (the export is NHD)");
   std::unique_ptr<kvattn_cli::IoExport> io;
   if (!o.save_io.empty())
     io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench decode", o.save_io_kv_mb << 20);
@@ -304,6 +313,7 @@ void register_bench_command(CLI::App& app) {
   decode->add_flag("--host-table", o.host_table,
                    "time runs with the page ids given on the host (copied into the workspace by plan()); "
                    "by default they stay on the device, as serving frameworks keep them");
+  decode->add_flag("--hnd", o.hnd, "read the paged cache as HND (page, head, token, dim) instead of NHD; not with --save-io");
   decode->add_flag("--no-split", o.no_split, "planner: one chunk per (request, KV head), no split-KV");
   decode->add_option("--split-size", o.split_size, "planner: KV chunks of exactly this many tokens")
       ->check(CLI::Range(0, 1 << 30));

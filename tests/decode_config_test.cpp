@@ -178,12 +178,12 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
     EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true).name(),
               wide.name());
   }
-  DecodeKernelEnv bad_stages("5", "KVATTN_DECODE_BULK_STAGES");
+  DecodeKernelEnv bad_stages("7", "KVATTN_DECODE_BULK_STAGES");
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
+                      "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '7'");
   // Checked even where the bulk kernel is not chosen.
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false),
-                      "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '5'");
+                      "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '7'");
 }
 
 // Skewed batches take the 2-stage bulk kernel (three CTAs per SM), the others 3 stages; the env

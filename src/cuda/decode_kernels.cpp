@@ -76,11 +76,17 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   int smem_limit = 110 * 1024;
   const char* stages_env = std::getenv("KVATTN_DECODE_BULK_STAGES");
   const std::string stages = stages_env ? stages_env : "";
-  KVATTN_CHECK(stages.empty() || stages == "2" || stages == "3" || stages == "4",
-               "KVATTN_DECODE_BULK_STAGES is 2, 3 or 4, not '", stages, "'");
+  KVATTN_CHECK(stages.empty() || (stages.size() == 1 && stages[0] >= '2' && stages[0] <= '6'),
+               "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '", stages, "'");
+  // Experiment knob: KVATTN_DECODE_WARPS=2|3|4 sets the bulk kernels' warps (16 tokens each).
+  const char* warps_env = std::getenv("KVATTN_DECODE_WARPS");
+  const std::string warps = warps_env ? warps_env : "";
+  KVATTN_CHECK(warps.empty() || warps == "2" || warps == "3" || warps == "4", "KVATTN_DECODE_WARPS is 2, 3 or 4, not '",
+               warps, "'");
   if (c.bulk) {
     c.stages = stages.empty() ? (skewed_batch ? 2 : 3) : stages[0] - '0';
-    if (c.stages == 4) smem_limit = 227 * 1024;  // asked for: keep 4 warps even at one CTA per SM
+    if (c.stages >= 4 || !warps.empty()) smem_limit = 227 * 1024;  // asked for: keep the warps
+    if (!warps.empty()) c.threads = 32 * (warps[0] - '0');
   }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
   // Keep at least two CTAs per SM (about 110 KB of shared memory each on a 228 KB SM): wide rows

@@ -48,7 +48,7 @@ struct DecodeKernelConfig {
 // tokens, 4 warps, two CTAs per SM (measured 20-30% faster than cp.async on the H200); before
 // sm_90 the cp.async kernel, 2 stages, three CTAs per SM. KVATTN_DECODE_KERNEL=mma|transposed|bulk
 // overrides the tensor-core kernel (bulk only where the device has it), for measurements;
-// KVATTN_DECODE_BULK_STAGES=2|3|4 sets the bulk kernel's depth.
+// KVATTN_DECODE_BULK_STAGES=2..6 sets the bulk kernels' depth, KVATTN_DECODE_WARPS=2|3|4 their warps.
 // Throws kvattn::Error for head dims the GPU kernels do not take (a multiple of 16 up to 256) or a
 // group that does not divide.
 // Whether split rows are folded inside the decode kernel by the last CTA of each merge entry

@@ -219,6 +219,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;
   early_merge_launch_ = early_merge;
+  if (maps_.capacity() < kMapSlots) maps_.reserve(kMapSlots);  // run() then never allocates
   tma_boxes_ = boxes != "0";
   // Only a merge launched with PDL may start early: a caller's own kernel launched next with the
   // attribute must not (it would not wait for this grid).
@@ -256,19 +257,11 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
                            t.num_pages, t.k_stride_page, t.k_stride_token, t.k_stride_head};
     const PagedCacheView v{t.v, config_.kv_dtype, config_.head_dim_vo, base_.page_size, base_.num_kv_heads,
                            t.num_pages, t.v_stride_page, t.v_stride_token, t.v_stride_head};
-    if (!maps_.valid || !(maps_.k == k) || !(maps_.v == v)) {
-      int k_dim = 0, v_dim = 0;
-      maps_.ready = encode_paged_cache_map(k, maps_.k_map, k_dim) && encode_paged_cache_map(v, maps_.v_map, v_dim) &&
-                    k_dim == v_dim;
-      maps_.token_dim = k_dim;
-      maps_.k = k;
-      maps_.v = v;
-      maps_.valid = true;
-    }
-    p.tma_ready = maps_.ready && tma_boxes_ ? 1 : 0;
-    p.tma_token_dim = maps_.token_dim;
-    p.k_map = maps_.k_map;
-    p.v_map = maps_.v_map;
+    const TensorMaps& maps = tensor_maps(k, v);
+    p.tma_ready = maps.ready && tma_boxes_ ? 1 : 0;
+    p.tma_token_dim = maps.token_dim;
+    p.k_map = maps.k_map;
+    p.v_map = maps.v_map;
   }
   void* args[] = {&p};
   if (grid_ == 0) return;  // an empty batch
@@ -289,6 +282,26 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
   }
   check(cudaLaunchKernelExC(&merge, reinterpret_cast<const void*>(merge_kernel_), args),
         "launching the decode merge kernel");
+}
+
+const DecodeRunner::TensorMaps& DecodeRunner::tensor_maps(const PagedCacheView& k, const PagedCacheView& v) const {
+  for (const TensorMaps& m : maps_)
+    if (m.k.base == k.base && m.v.base == v.base && m.k == k && m.v == v) return m;
+  TensorMaps fresh;
+  fresh.k = k;
+  fresh.v = v;
+  int k_dim = 0, v_dim = 0;
+  fresh.ready = encode_paged_cache_map(k, fresh.k_map, k_dim) && encode_paged_cache_map(v, fresh.v_map, v_dim) &&
+                k_dim == v_dim;
+  fresh.token_dim = k_dim;
+  if (maps_.size() < kMapSlots) {
+    maps_.push_back(fresh);
+    return maps_.back();
+  }
+  TensorMaps& slot = maps_[next_map_slot_];
+  next_map_slot_ = (next_map_slot_ + 1) % kMapSlots;
+  slot = fresh;
+  return slot;
 }
 
 void DecodeRunner::check_errors(cudaStream_t stream) const {

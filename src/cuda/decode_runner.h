@@ -88,14 +88,19 @@ class DecodeRunner {
   bool early_merge_launch_ = false;  // sm_90+: the merge launches during the decode kernel's tail
   bool tma_boxes_ = true;            // KVATTN_DECODE_TMA_BOXES=0: the TMA kernel copies rows
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
-  // DecodeTmaKernel's tensor maps, re-encoded by run() only when the caches it is given change.
+  // DecodeTmaKernel's tensor maps of the caches run() was given, so that a serving loop that calls
+  // run() once per layer (one cache each) encodes each layer's maps once: up to kMapSlots pairs,
+  // replaced round-robin.
   struct TensorMaps {
     PagedCacheView k, v;
     kernels::TensorMapBytes k_map{}, v_map{};
     int token_dim = 0;
-    bool ready = false, valid = false;
+    bool ready = false;
   };
-  mutable TensorMaps maps_;
+  static constexpr size_t kMapSlots = 128;
+  const TensorMaps& tensor_maps(const PagedCacheView& k, const PagedCacheView& v) const;
+  mutable std::vector<TensorMaps> maps_;
+  mutable size_t next_map_slot_ = 0;
 };
 
 }  // namespace kvattn::cuda
