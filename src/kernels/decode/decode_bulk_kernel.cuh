@@ -99,6 +99,30 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
       : "memory");
 }
 
+// The page id of one lane's row, in two steps: load_row_page() issues the global load (pos = -1
+// for a token past kv_end: nothing loaded), checked_row_page() uses the value when the row's copy
+// is issued, tiles later, so the load's latency hides under the math. A bad id is recorded (and
+// `bad` set) and comes back as -1, like a row past the range.
+struct PendingPageId {
+  int32_t pos, raw;
+};
+__device__ __forceinline__ PendingPageId load_row_page(const DecodeParams& p, int32_t tok, int32_t kv_end,
+                                                       int32_t page_base, int ps) {
+  PendingPageId id{-1, -1};
+  if (tok < kv_end) {
+    id.pos = page_base + tok / ps;
+    id.raw = p.kv_indices[id.pos];
+  }
+  return id;
+}
+__device__ __forceinline__ int32_t checked_row_page(const DecodeParams& p, const PendingPageId& id, bool& bad) {
+  if (id.pos < 0) return -1;
+  if (id.raw >= 0 && id.raw < p.num_pages) return id.raw;
+  const int32_t checked = checked_page(p, id.pos);  // records the error (and re-reads the id)
+  bad |= checked < 0;
+  return checked;
+}
+
 }  // namespace bulk_detail
 
 template <int DT, int QDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
@@ -155,25 +179,11 @@ struct DecodeBulkKernel {
     bool bad = false;  // a page id was out of range: the rows come out NaN
     // The page id of this lane's token in `tile`, in two steps: load() issues the global load (pos =
     // -1 past the range), check() uses the value a tile later, so its latency hides under the math.
-    struct PendingId {
-      int32_t pos, raw;
-    };
+    using PendingId = PendingPageId;
     auto load = [&](int tile) {
-      const int32_t tok = item.kv_begin + tile * kTile + row;
-      PendingId id{-1, -1};
-      if (tok < item.kv_end) {
-        id.pos = page_base + tok / ps;
-        id.raw = p.kv_indices[id.pos];
-      }
-      return id;
+      return load_row_page(p, item.kv_begin + tile * kTile + row, item.kv_end, page_base, ps);
     };
-    auto check = [&](const PendingId& id) -> int32_t {
-      if (id.pos < 0) return -1;
-      if (id.raw >= 0 && id.raw < p.num_pages) return id.raw;
-      const int32_t checked = checked_page(p, id.pos);  // records the error (and re-reads the id)
-      bad |= checked < 0;
-      return checked;
-    };
+    auto check = [&](const PendingId& id) { return checked_row_page(p, id, bad); };
     // Starts the copies of this warp's rows of `tile` (its stage was last read by this warp).
     auto issue = [&](int tile, const PendingId& pending) {
       const int32_t page = check(pending);
@@ -208,18 +218,9 @@ struct DecodeBulkKernel {
     Base::stage_q(p, qs, item, head0);
     __syncthreads();
     uint32_t qfrag[Base::kQInRegisters ? DQK / 16 : 1][4];
-    if constexpr (Base::kQInRegisters) {
-      const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
-#pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-    }
-
-    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
-    float acc[DVO / 8][4];
-#pragma unroll
-    for (int n = 0; n < DVO / 8; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+    Base::load_q_fragments(qs, qfrag);
+    float m[2], d[2], acc[DVO / 8][4];
+    Base::reset_state(m, d, acc);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       // Refill the stage read last round with tile + STAGES - 1, then start the ids of the next one.

@@ -124,6 +124,26 @@ struct DecodeMmaKernel {
   // The math of one warp's 16 tokens of a tile, whose K rows start at ks_base (pitch kPitchK) and
   // V rows at vs_base (pitch kPitchV); tok0 is the first token. Updates the warp's online-softmax
   // state (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel.
+  // The warp's q as MMA A fragments (when kQInRegisters), from the rows stage_q wrote at qs.
+  static __device__ __forceinline__ void load_q_fragments(const char* qs,
+                                                          uint32_t (&qfrag)[kQInRegisters ? DQK / 16 : 1][4]) {
+    if constexpr (kQInRegisters) {
+      const int lane = threadIdx.x % 32;
+      const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
+    }
+  }
+  // The online-softmax state at the start of an item: no max, no weight, a zero accumulator.
+  static __device__ __forceinline__ void reset_state(float (&m)[2], float (&d)[2], float (&acc)[DVO / 8][4]) {
+    m[0] = m[1] = -INFINITY;
+    d[0] = d[1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < DVO / 8; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+  }
+
   // Byte offset of (row, byte column) in a warp's block of 16 rows stored as DecodeTmaKernel's TMA
   // boxes: [columns / 128][16 rows][128 bytes], the 16-byte chunks of each 128-byte row XOR-swizzled
   // by row % 8 (CU_TENSOR_MAP_SWIZZLE_128B on a 1024-byte aligned block), so the 8 rows that one
@@ -316,18 +336,9 @@ struct DecodeMmaKernel {
     stage_q(p, qs, item, head0);
     __syncthreads();
     uint32_t qfrag[kQInRegisters ? DQK / 16 : 1][4];
-    const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
-    if constexpr (kQInRegisters) {
-#pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-    }
-
-    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
-    float acc[DVO / 8][4];
-#pragma unroll
-    for (int n = 0; n < DVO / 8; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+    load_q_fragments(qs, qfrag);
+    float m[2], d[2], acc[DVO / 8][4];
+    reset_state(m, d, acc);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<STAGES - 2>();

@@ -114,27 +114,12 @@ struct DecodeTmaKernel {
     __syncthreads();  // the barriers are initialised before any thread arrives on or waits for them
 
     bool bad = false;  // a page id was out of range: the rows come out NaN
-    struct PendingId {
-      int32_t pos, raw;
-    };
-    // The page id of this lane's row in `tile`: load() issues the global load (pos = -1 past the
-    // range), check() uses the value two tiles later, so its latency hides under the math.
+    // The page id of this lane's row in `tile`, loaded two tiles before it is checked and used.
+    using PendingId = PendingPageId;
     auto load = [&](int tile) {
-      const int32_t tok = item.kv_begin + tile * kTile + warp * 16 + row;
-      PendingId id{-1, -1};
-      if (tok < item.kv_end) {
-        id.pos = page_base + tok / ps;
-        id.raw = p.kv_indices[id.pos];
-      }
-      return id;
+      return load_row_page(p, item.kv_begin + tile * kTile + warp * 16 + row, item.kv_end, page_base, ps);
     };
-    auto check = [&](const PendingId& id) -> int32_t {
-      if (id.pos < 0) return -1;
-      if (id.raw >= 0 && id.raw < p.num_pages) return id.raw;
-      const int32_t checked = checked_page(p, id.pos);  // records the error (and re-reads the id)
-      bad |= checked < 0;
-      return checked;
-    };
+    auto check = [&](const PendingId& id) { return checked_row_page(p, id, bad); };
     // Starts the copies of this warp's rows of `tile` (its stage was last read by this warp).
     auto issue = [&](int tile, const PendingId& pending) {
       const int32_t page = check(pending);
@@ -196,18 +181,9 @@ struct DecodeTmaKernel {
     Base::stage_q(p, qs, item, head0);
     __syncthreads();
     uint32_t qfrag[Base::kQInRegisters ? DQK / 16 : 1][4];
-    if constexpr (Base::kQInRegisters) {
-      const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
-#pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-    }
-
-    float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
-    float acc[DVO / 8][4];
-#pragma unroll
-    for (int n = 0; n < DVO / 8; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+    Base::load_q_fragments(qs, qfrag);
+    float m[2], d[2], acc[DVO / 8][4];
+    Base::reset_state(m, d, acc);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       // Refill the stage read last round with tile + STAGES - 1, then start the ids of the one after next.
