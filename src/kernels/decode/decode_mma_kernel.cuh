@@ -310,7 +310,7 @@ struct DecodeMmaKernel {
   }
 
   static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;
     const int32_t page_base = p.kv_indptr[item.request];
