@@ -121,9 +121,9 @@ TEST(GpuDecode, GroupSizesPageSizesLayouts) {
 
 // The page-box kernel of sm_90+ (DecodeTmaKernel: pages of a multiple of 16 tokens, head dims of
 // multiples of 64): page sizes 16 to 64 in both layouts, partial last pages, head dims 64 to 256,
-// split chunks (one-tile chunks switch to the row copies), a sliding window (chunk starts off the
-// 16-token grid), and with KVATTN_DECODE_TMA_BOXES=0 every tile on its cp.async path into the same
-// swizzled layout. Where the device has no bulk copies the same cases run on the cp.async kernels.
+// split chunks (one-tile chunks too), a sliding window (chunk starts off the 16-token grid), and
+// with KVATTN_DECODE_TMA_BOXES=0 every tile on its cp.async path into the same swizzled layout.
+// Where the device has no bulk copies the same cases run on the cp.async kernels.
 TEST(GpuDecode, PageBoxesAndTheirFallback) {
   SKIP_WITHOUT_GPU();
   for (const char* boxes : {"1", "0"}) {
@@ -143,7 +143,7 @@ TEST(GpuDecode, PageBoxesAndTheirFallback) {
           c.layout = layout;
           c.store = ps == 32 ? KVStore::paged_combined : KVStore::paged;
           if (ps == 48) c.scheduler.fixed_split_size = 128;
-          if (ps == 64) c.scheduler.fixed_split_size = 64;  // one-tile chunks: the row copies run
+          if (ps == 64) c.scheduler.fixed_split_size = 64;  // one-tile chunks
           run_gpu_decode_case(c, rng);
         }
     for (const kvattn::Variant& v : {kvattn::variants::sliding_window(100), kvattn::variants::soft_cap(5.0f)}) {

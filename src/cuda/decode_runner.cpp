@@ -93,26 +93,21 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
                                                 pr.head_dim_vo, group, pr.page_size,
                                                 pr.variant.features, bulk_copies(dev), skewed);
   // The kernels of the previous plan serve again when nothing that specialises them changed.
-  cudaKernel_t kernel = nullptr, merge = nullptr;
-  int per_sm = 0, smem = 0;
-  auto load_kernels = [&](const DecodeKernelConfig& c) {
-    smem = decode_smem_bytes(c);
-    if (kernel_ && device == device_ && c.name() == config_.name()) {
-      kernel = kernel_, merge = merge_kernel_, per_sm = per_sm_;
-      return;
-    }
-    kernel = KernelCache::global().kernel(decode_spec(c, dev.arch));
-    merge = KernelCache::global().kernel(decode_merge_spec(c, dev.arch));
-    KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", c.name(), " needs ", smem,
-                 " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
+  cudaKernel_t kernel = kernel_, merge = merge_kernel_;
+  int per_sm = per_sm_;
+  const int smem = decode_smem_bytes(cfg);
+  if (!kernel || device != device_ || cfg.name() != config_.name()) {
+    kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
+    merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
+    KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
+                 smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
     check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
           "raising the decode kernel's shared-memory limit");
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel), c.threads,
-                                                        smem),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(kernel),
+                                                        cfg.threads, smem),
           "querying the decode kernel's occupancy");
-  };
-  load_kernels(cfg);
+  }
   trace.mark("kernels");
   const int head_chunks = group / cfg.heads_per_cta;
   const bool fold_in_kernel = decode_folds_in_kernel();
@@ -132,22 +127,6 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
   const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
   trace.mark("planner");
-  // Split chunks of one tile (1 x 4096: 512 CTAs of 64 tokens) ran 8% slower with TMA boxes than with
-  // row copies (PERFORMANCE.md, session 6): such plans take the row-copy kernel, whose stages,
-  // warps and residency are the same, so the plan stands (checked: same CTAs per SM). Not in graph
-  // mode, whose captured kernel is fixed.
-  if (cfg.tma && !opts.cuda_graph && plan.split_size() > 0 && plan.split_size() <= cfg.tile_tokens) {
-    DecodeKernelConfig rows = cfg;
-    rows.tma = false;
-    const cudaKernel_t tma_kernel = kernel, tma_merge = merge;
-    const int tma_per_sm = per_sm, tma_smem = smem;
-    load_kernels(rows);
-    if (per_sm == tma_per_sm) {
-      cfg = rows;
-    } else {
-      kernel = tma_kernel, merge = tma_merge, per_sm = tma_per_sm, smem = tma_smem;
-    }
-  }
 
   // Lay out the workspace.
   const int64_t batch = int64_t(pr.kv_len.size());
