@@ -118,6 +118,14 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   EXPECT_EQ(decode_smem_bytes(page1), 108896);
   auto hd80 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 80, 80, 4, 16, 0, true);
   EXPECT_TRUE(hd80.bulk && !hd80.tma);
+  // A sliding window's range starts off the 16-token grid (every tile would take the TMA kernel's
+  // cp.async path): windows keep the row copies; soft-cap does not change the choice.
+  auto window = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
+                                     kvattn::kernels::kSlidingWindow, true);
+  EXPECT_TRUE(window.bulk && !window.tma);
+  EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kSoftCap,
+                                   true)
+                  .tma);
   EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).tma);
   {
     DecodeKernelEnv rows("bulk");  // the row copies, for measurements

@@ -121,8 +121,9 @@ TEST(GpuDecode, GroupSizesPageSizesLayouts) {
 
 // The page-box kernel of sm_90+ (DecodeTmaKernel: pages of a multiple of 16 tokens, head dims of
 // multiples of 64): page sizes 16 to 64 in both layouts, partial last pages, head dims 64 to 256,
-// split chunks (one-tile chunks too), a sliding window (chunk starts off the 16-token grid), and
-// with KVATTN_DECODE_TMA_BOXES=0 every tile on its cp.async path into the same swizzled layout.
+// split chunks (one-tile chunks too), a sliding window (which keeps the row copies: its range
+// starts off the 16-token grid), soft-cap, and with KVATTN_DECODE_TMA_BOXES=0 every tile on the
+// TMA kernel's cp.async path into the same swizzled layout.
 // Where the device has no bulk copies the same cases run on the cp.async kernels.
 TEST(GpuDecode, PageBoxesAndTheirFallback) {
   SKIP_WITHOUT_GPU();

@@ -71,8 +71,11 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
                "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
   c.transposed = c.tensor_cores && kernel == "transposed";
   c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
-  // TMA boxes of 16 tokens x 64 dims: pages of whole boxes, head dims of whole 128-byte rows.
-  c.tma = c.bulk && kernel.empty() && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0;
+  // TMA boxes of 16 tokens x 64 dims: pages of whole boxes, head dims of whole 128-byte rows. A
+  // sliding window starts its range at kv_len - 1 - window_left, off the 16-token grid, so every
+  // tile would take the TMA kernel's cp.async path: windows keep the row copies.
+  c.tma = c.bulk && kernel.empty() && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0 &&
+          !(features & kernels::kSlidingWindow);
   int smem_limit = 110 * 1024;
   const char* stages_env = std::getenv("KVATTN_DECODE_BULK_STAGES");
   const std::string stages = stages_env ? stages_env : "";

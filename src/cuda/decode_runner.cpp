@@ -257,6 +257,7 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
                            t.num_pages, t.k_stride_page, t.k_stride_token, t.k_stride_head};
     const PagedCacheView v{t.v, config_.kv_dtype, config_.head_dim_vo, base_.page_size, base_.num_kv_heads,
                            t.num_pages, t.v_stride_page, t.v_stride_token, t.v_stride_head};
+    std::lock_guard<std::mutex> lock(maps_mutex_);
     const TensorMaps& maps = tensor_maps(k, v);
     p.tma_ready = maps.ready && tma_boxes_ ? 1 : 0;
     p.tma_token_dim = maps.token_dim;
@@ -286,7 +287,7 @@ void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
 
 const DecodeRunner::TensorMaps& DecodeRunner::tensor_maps(const PagedCacheView& k, const PagedCacheView& v) const {
   for (const TensorMaps& m : maps_)
-    if (m.k.base == k.base && m.v.base == v.base && m.k == k && m.v == v) return m;
+    if (m.k == k && m.v == v) return m;
   TensorMaps fresh;
   fresh.k = k;
   fresh.v = v;

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -90,7 +91,8 @@ class DecodeRunner {
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
   // DecodeTmaKernel's tensor maps of the caches run() was given, so that a serving loop that calls
   // run() once per layer (one cache each) encodes each layer's maps once: up to kMapSlots pairs,
-  // replaced round-robin.
+  // replaced round-robin (a loop over more caches than that re-encodes two maps per run(), a few
+  // microseconds of host time).
   struct TensorMaps {
     PagedCacheView k, v;
     kernels::TensorMapBytes k_map{}, v_map{};
@@ -101,6 +103,7 @@ class DecodeRunner {
   const TensorMaps& tensor_maps(const PagedCacheView& k, const PagedCacheView& v) const;
   mutable std::vector<TensorMaps> maps_;
   mutable size_t next_map_slot_ = 0;
+  mutable std::mutex maps_mutex_;  // run() is const: callers may run one plan from several threads
 };
 
 }  // namespace kvattn::cuda

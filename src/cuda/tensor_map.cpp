@@ -20,9 +20,10 @@ EncodeTiled encode_tiled() {
     cudaDriverEntryPointQueryResult found{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
             cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
+        found != cudaDriverEntryPointSuccess) {
       p = nullptr;
-    cudaGetLastError();  // a failed lookup must not surface in a later, unrelated check
+      cudaGetLastError();  // a failed lookup must not surface in a later, unrelated check
+    }
     return reinterpret_cast<EncodeTiled>(p);
   }();
   return fn;
@@ -47,7 +48,9 @@ bool encode_paged_cache_map(const PagedCacheView& c, kernels::TensorMapBytes& ma
   EncodeTiled encode = encode_tiled();
   if (!encode) return false;
 
-  const bool tokens_first = token <= head;
+  // Strides must nest (the driver header: each stride covers the previous dimension). With one
+  // head, NHD has equal token and head strides: heads first then (a dimension of size 1).
+  const bool tokens_first = token < head;
   const cuuint64_t dims[4] = {cuuint64_t(c.head_dim), cuuint64_t(tokens_first ? c.page_size : c.num_heads),
                               cuuint64_t(tokens_first ? c.num_heads : c.page_size), cuuint64_t(c.num_pages)};
   const cuuint64_t strides[3] = {cuuint64_t(tokens_first ? token : head), cuuint64_t(tokens_first ? head : token),

@@ -22,7 +22,8 @@ struct PagedCacheView {
   bool operator==(const PagedCacheView&) const = default;
 };
 
-// The 4-D map of `cache` (head dim, then token and head in the order of their strides, then page)
+// The 4-D map of `cache` (head dim, then token and head in the order of their strides, heads
+// first on a tie, then page)
 // with boxes of 64 dims x 16 tokens, 128-byte swizzle. `token_dim` gets 1 when tokens are the
 // second dimension, 2 when heads are. Returns false, leaving `map` alone, where TMA cannot
 // describe the cache (not f16/bf16, a head dim that is not a multiple of 64, pages of fewer than

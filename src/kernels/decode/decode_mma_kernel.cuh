@@ -121,9 +121,6 @@ struct DecodeMmaKernel {
     }
   }
 
-  // The math of one warp's 16 tokens of a tile, whose K rows start at ks_base (pitch kPitchK) and
-  // V rows at vs_base (pitch kPitchV); tok0 is the first token. Updates the warp's online-softmax
-  // state (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel.
   // The warp's q as MMA A fragments (when kQInRegisters), from the rows stage_q wrote at qs.
   static __device__ __forceinline__ void load_q_fragments(const char* qs,
                                                           uint32_t (&qfrag)[kQInRegisters ? DQK / 16 : 1][4]) {
@@ -152,8 +149,11 @@ struct DecodeMmaKernel {
     return (col_bytes / 128) * (16 * 128) + row * 128 + ((((col_bytes / 16) % 8) ^ (row % 8)) * 16) + col_bytes % 16;
   }
 
-  // SWIZZLED: ks_base / vs_base are the warp's blocks in the swizzled box layout above; else padded
-  // rows of pitch kPitchK / kPitchV.
+  // The math of one warp's 16 tokens of a tile, whose K rows start at ks_base and V rows at
+  // vs_base: padded rows of pitch kPitchK / kPitchV, or with SWIZZLED the warp's blocks in the
+  // swizzled box layout above; tok0 is the first token. Updates the warp's online-softmax state
+  // (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel and
+  // DecodeTmaKernel.
   template <bool SWIZZLED = false>
   static __device__ __forceinline__ void tile_math(const DecodeParams& p, const DeviceWorkItem& item,
                                                    const char* ks_base, const char* vs_base,

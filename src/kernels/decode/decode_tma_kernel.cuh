@@ -15,8 +15,8 @@
 //
 // A warp's tile takes the box copies when its 16 tokens are all in range and in one valid page
 // (always, for page sizes that are multiples of 16 with 16-aligned chunks, except a request's last
-// partial tile); otherwise (the last partial tile, a bad page id, a chunk start that is not
-// 16-aligned, or no tensor map) its lanes copy their rows 16 bytes at a time with cp.async into the
+// partial tile; sliding windows start off that grid and keep DecodeBulkKernel); otherwise (the
+// last partial tile, a bad page id, a chunk start that is not 16-aligned, or no tensor map) its lanes copy their rows 16 bytes at a time with cp.async into the
 // same swizzled places, zero-filling rows past the range or with bad page ids, and arrive on the
 // same mbarrier through cp.async.mbarrier.arrive (which holds the phase open until the copies land).
 // Barrier protocol as DecodeBulkKernel: one mbarrier per (stage, warp), arrival count 1 (lane 0),
@@ -45,7 +45,8 @@ __device__ __forceinline__ void tensor_copy_4d(uint32_t dst, const void* map, in
       : "memory");
 }
 // The barrier's current phase also waits for this thread's earlier cp.async copies (the pending
-// count is raised now and lowered when they complete: no net arrival).
+// count is raised now and lowered when they complete: no net arrival). "Earlier" means all of
+// them, also those into other stages: harmless, those complete at least as early.
 __device__ __forceinline__ void cp_async_arrive_on(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
