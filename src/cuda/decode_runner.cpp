@@ -295,6 +295,13 @@ const DecodeRunner::TensorMaps& DecodeRunner::tensor_maps(const PagedCacheView& 
   fresh.ready = encode_paged_cache_map(k, fresh.k_map, k_dim) && encode_paged_cache_map(v, fresh.v_map, v_dim) &&
                 k_dim == v_dim;
   fresh.token_dim = k_dim;
+  // Without maps every tile takes the kernel's cp.async path: right, but slower. Say so when asked.
+  if (!fresh.ready && std::getenv("KVATTN_PLAN_TRACE"))
+    std::fprintf(stderr,
+                 "[run]  no TMA tensor maps for this K/V cache (strides in elements: page %lld, token %lld, "
+                 "head %lld; see cuda/tensor_map.h): every tile takes the cp.async path\n",
+                 static_cast<long long>(k.stride_page), static_cast<long long>(k.stride_token),
+                 static_cast<long long>(k.stride_head));
   if (maps_.size() < kMapSlots) {
     maps_.push_back(fresh);
     return maps_.back();
