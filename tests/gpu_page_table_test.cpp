@@ -131,25 +131,37 @@ TEST(GpuPageTable, OutOfRangeIdIsReportedAndPoisonsOnlyItsRequest) {
 #endif
 }
 
-// Plan-time errors need no GPU: the views are only inspected.
-TEST(GpuPageTable, DeviceIdsNeedAGpuWorkspace) {
-  std::vector<int32_t> indptr{0, 1}, last{1};
-  HostTensor ti = int32_tensor(indptr), tl = int32_tensor(last);
-  int32_t fake = 0;
+// The one-request decode plan of the plan-time error tests below (4/1 heads, head dim 64, page 16).
+kvattn::BatchDecodePlan small_decode_plan(const kvattn::PageTable& table) {
   kvattn::BatchDecodePlan p;
   p.num_qo_heads = 4;
   p.num_kv_heads = 1;
   p.head_dim_qk = 64;
   p.page_size = 16;
-  p.page_table = {ti.view(), kvattn::TensorView(&fake, DType::i32, {1}, kvattn::Device::cuda(0)), tl.view()};
-  kvattn::BatchDecode cpu_op;
-  EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0; only BatchDecode with a CUDA workspace");
+  p.page_table = table;
+  return p;
+}
+// The same shape and page table as a BatchPrefill plan of one query token (qo holds {0, 1}).
+kvattn::BatchPrefillPlan as_prefill_plan(const kvattn::BatchDecodePlan& p, const HostTensor& qo) {
   kvattn::BatchPrefillPlan pp;
   static_cast<kvattn::AttentionShape&>(pp) = p;
-  HostTensor qo = int32_tensor({0, 1});
   pp.qo_indptr = qo.view();
   pp.page_table = p.page_table;
-  pp.page_size = 16;
+  pp.page_size = p.page_size;
+  return pp;
+}
+
+// Plan-time errors need no GPU: the views are only inspected.
+TEST(GpuPageTable, DeviceIdsNeedAGpuWorkspace) {
+  std::vector<int32_t> indptr{0, 1}, last{1};
+  HostTensor ti = int32_tensor(indptr), tl = int32_tensor(last);
+  int32_t fake = 0;
+  kvattn::BatchDecodePlan p = small_decode_plan(
+      {ti.view(), kvattn::TensorView(&fake, DType::i32, {1}, kvattn::Device::cuda(0)), tl.view()});
+  kvattn::BatchDecode cpu_op;
+  EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0; only BatchDecode with a CUDA workspace");
+  HostTensor qo = int32_tensor({0, 1});
+  kvattn::BatchPrefillPlan pp = as_prefill_plan(p, qo);
   kvattn::BatchPrefill prefill;
   EXPECT_KVATTN_ERROR(prefill.plan(pp), "kv_indices is on cuda:0");
   // Shape errors of a device table are still caught on the host.
@@ -165,20 +177,11 @@ TEST(GpuWorkspace, MisalignedWorkspaceIsAnError) {
   const kvattn::TensorView misaligned(fake + 4, DType::u8, {32}, kvattn::Device::cuda(0));
   std::vector<int32_t> indptr{0, 1}, indices{0}, last{1};
   HostTensor ti = int32_tensor(indptr), tx = int32_tensor(indices), tl = int32_tensor(last);
-  kvattn::BatchDecodePlan p;
-  p.num_qo_heads = 4;
-  p.num_kv_heads = 1;
-  p.head_dim_qk = 64;
-  p.page_size = 16;
-  p.page_table = {ti.view(), tx.view(), tl.view()};
+  kvattn::BatchDecodePlan p = small_decode_plan({ti.view(), tx.view(), tl.view()});
   kvattn::BatchDecode decode(misaligned);
   EXPECT_KVATTN_ERROR(decode.plan(p), "workspace must be 16-byte aligned on the GPU, got address 0x");
-  kvattn::BatchPrefillPlan pp;
-  static_cast<kvattn::AttentionShape&>(pp) = p;
   HostTensor qo = int32_tensor({0, 1});
-  pp.qo_indptr = qo.view();
-  pp.page_table = p.page_table;
-  pp.page_size = 16;
+  kvattn::BatchPrefillPlan pp = as_prefill_plan(p, qo);
   kvattn::BatchPrefill prefill(misaligned);
   EXPECT_KVATTN_ERROR(prefill.plan(pp), "workspace must be 16-byte aligned on the GPU");
 #else
