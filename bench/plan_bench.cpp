@@ -115,12 +115,26 @@ void BM_PlanDecodeScaling(benchmark::State& s) {
   run_plan(s, b, workers(132));
 }
 
-// The decode benchmark's batches (kvattn bench decode, issue 4's plan() target) on the H200's
-// default decode grid: 132 SMs x 2 CTAs of the bulk-copy kernel.
+// The decode benchmark's batches (kvattn bench decode, issue 4's plan() target) as the CUDA
+// decode runner plans them on the H200: 132 SMs x 2 CTAs of the bulk-copy kernel, workers rounded
+// down to a multiple of the KV heads, slice 0 stored only.
+kvattn::SchedulerOptions decode_runner(int slots, int kv_heads) {
+  kvattn::SchedulerOptions o = workers(slots - slots % kv_heads);
+  o.slice_zero_only = true;
+  return o;
+}
 void BM_PlanDecodeBench(benchmark::State& s, std::vector<int32_t> lens) {
   auto b = decode_batch(std::move(lens));
-  run_plan(s, b, workers(264));
+  run_plan(s, b, decode_runner(264, 8));
 }
+// MHA, 32/32 heads.
+void BM_PlanDecodeBenchMHA(benchmark::State& s, std::vector<int32_t> lens) {
+  auto b = decode_batch(std::move(lens));
+  b.inputs.num_kv_heads = 32;
+  run_plan(s, b, decode_runner(264, 32));
+}
+BENCHMARK_CAPTURE(BM_PlanDecodeBenchMHA, b64_l4096, std::vector<int32_t>(64, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeBenchMHA, b256_l4096, std::vector<int32_t>(256, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, b1_l32768, std::vector<int32_t>(1, 32768));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, b16_l4096, std::vector<int32_t>(16, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, b64_l4096, std::vector<int32_t>(64, 4096));
@@ -133,7 +147,7 @@ BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l512, std::vector<int32_t>(256, 512))
 // Skewed batches (longest >= 4x the mean) run the 2-stage bulk kernel, 3 CTAs per SM.
 void BM_PlanDecodeBenchSkewed(benchmark::State& s, std::vector<int32_t> lens) {
   auto b = decode_batch(std::move(lens));
-  run_plan(s, b, workers(396));
+  run_plan(s, b, decode_runner(396, 8));
 }
 BENCHMARK_CAPTURE(BM_PlanDecodeBenchSkewed, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
 BENCHMARK_CAPTURE(BM_PlanDecodeBenchSkewed, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));

@@ -105,6 +105,30 @@ void check_plan(const Batch& batch, const kvattn::Plan& plan) {
   // Worker lists partition the active items; costs add up.
   auto items = plan.items();
   ASSERT_EQ(int64_t(items.size()), plan.num_items());
+
+  // Slices (what the GPU runners stage): slice s repeats slice 0 with heads, workers and partial
+  // slots shifted by s slices, item for item.
+  const int S = plan.num_slices();
+  ASSERT_GE(S, 1);
+  ASSERT_EQ(H % S, 0);
+  ASSERT_EQ(W % S, 0);
+  ASSERT_EQ(plan.slice_heads(), H / S);
+  ASSERT_EQ(plan.slice_workers(), W / S);
+  ASSERT_EQ(plan.num_items() % S, 0);
+  const auto slice0 = plan.slice_items();
+  ASSERT_EQ(int64_t(slice0.size()) * S, plan.num_items());
+  ASSERT_EQ(int64_t(slice0.size()), int64_t(plan.worker_begin()[size_t(plan.slice_workers())]));
+  for (int s = 0; s < S; ++s)
+    for (size_t i = 0; i < slice0.size(); ++i) {
+      const auto &a = slice0[i], &b = items[size_t(s) * slice0.size() + i];
+      ASSERT_EQ(b.kv_head, a.kv_head + s * plan.slice_heads()) << "slice " << s << ", item " << i;
+      ASSERT_EQ(b.worker, a.worker + s * plan.slice_workers()) << "slice " << s << ", item " << i;
+      ASSERT_EQ(b.partial_slot, a.partial_slot < 0 ? -1 : a.partial_slot + s * plan.slice_slots())
+          << "slice " << s << ", item " << i;
+      ASSERT_TRUE(b.request == a.request && b.q_begin == a.q_begin && b.q_end == a.q_end &&
+                  b.kv_begin == a.kv_begin && b.kv_end == a.kv_end)
+          << "slice " << s << ", item " << i;
+    }
   int64_t seen = 0, total = 0, largest = 0, max_load = 0;
   for (int w = 0; w < W; ++w) {
     auto list = plan.worker_items(w);
@@ -254,6 +278,21 @@ TEST(Planner, PropertiesOverRandomBatches) {
     const kvattn::Plan& plan = reused.plan(batch.inputs, batch.options);
     ASSERT_NO_FATAL_FAILURE(check_plan(batch, plan));
     split_plans += plan.num_merges() > 0;
+    // slice_zero_only stores slice 0 of the same plan (and its share of graph-mode padding).
+    kvattn::SchedulerOptions zero_only = batch.options;
+    zero_only.slice_zero_only = true;
+    const kvattn::Plan zero = kvattn::make_plan(batch.inputs, zero_only);
+    ASSERT_TRUE(zero.slice_zero_only());
+    ASSERT_EQ(zero.num_items(), plan.num_items());
+    ASSERT_EQ(zero.num_slices(), plan.num_slices());
+    ASSERT_EQ(zero.slice_slots(), plan.slice_slots());
+    ASSERT_TRUE(same_items(zero.items(), plan.slice_items()));
+    ASSERT_EQ(zero.worker_begin().size(), size_t(plan.slice_workers()) + 1);
+    for (int w = 0; w <= plan.slice_workers(); ++w) ASSERT_EQ(zero.worker_begin()[size_t(w)], plan.worker_begin()[size_t(w)]);
+    ASSERT_EQ(zero.item_capacity(), plan.graph_mode() ? (plan.item_capacity() + plan.num_slices() - 1) / plan.num_slices()
+                                                      : plan.num_items() / plan.num_slices());
+    for (const auto& it : zero.all_items().subspan(zero.items().size())) ASSERT_FALSE(it.active);
+    ASSERT_EQ(zero.num_merges(), plan.num_merges());
     // Same inputs, same plan: a fresh planner agrees with the reused one.
     kvattn::Plan fresh = kvattn::make_plan(batch.inputs, batch.options);
     ASSERT_TRUE(same_items(fresh.all_items(), plan.all_items()));

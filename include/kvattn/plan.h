@@ -76,6 +76,10 @@ struct SchedulerOptions {
   bool disable_split_kv = false;  // one chunk per (request, head, query tile) (batch-invariant)
   std::optional<GraphCapacity> cuda_graph;
   CostModel cost{};
+  // For backends that repeat the plan's slices themselves (Plan::num_slices(); the CUDA decode
+  // runner): the plan stores slice 0's items and worker ranges only, which saves writing the
+  // other slices (7/8 of the items at 32/8 heads on 264 workers). Each backend sets it for itself.
+  bool slice_zero_only = false;
 };
 
 // What the planner needs to know about a batch. The spans must stay valid during plan() only.
@@ -127,17 +131,21 @@ class Planner;
 
 class Plan {
  public:
-  // Active items grouped by worker, each worker's list in execution order (longest first).
-  std::span<const WorkItem> items() const { return {items_.data(), size_t(num_items_)}; }
+  // Active items grouped by worker, each worker's list in execution order (longest first). With
+  // SchedulerOptions::slice_zero_only, the items, worker ranges and padding below are slice 0's
+  // (workers [0, slice_workers())); num_items() still counts every slice's.
+  std::span<const WorkItem> items() const { return {items_.data(), size_t(stored_items())}; }
   // Every slot of the work list: items() followed by inactive padding (graph mode).
   std::span<const WorkItem> all_items() const { return items_; }
+  // worker < num_workers() (slice_workers() with slice_zero_only).
   std::span<const WorkItem> worker_items(int worker) const {
     return {items_.data() + worker_begin_[size_t(worker)],
             size_t(worker_begin_[size_t(worker) + 1] - worker_begin_[size_t(worker)])};
   }
   // The merge table of split rows (active entries; graph mode keeps a fixed-capacity buffer).
   std::span<const MergeEntry> merges() const { return {merges_.data(), size_t(num_merges_)}; }
-  // [workers + 1]: worker w's items are [worker_begin()[w], worker_begin()[w + 1]) of all_items()
+  // [workers + 1] (slice_workers() + 1 with slice_zero_only): worker w's items are
+  // [worker_begin()[w], worker_begin()[w + 1]) of all_items()
   // (int32, ready to copy to the device as the CTAs' work ranges).
   std::span<const int32_t> worker_begin() const { return worker_begin_; }
   // Cost of each worker's items under the plan's cost model.
@@ -188,6 +196,18 @@ class Plan {
   // Cost of one item under the plan's model (the planner's own accounting).
   int64_t item_cost(const WorkItem& item) const;
 
+  // Slices: heads with identical work share one schedule. Workers and KV heads are cut into
+  // num_slices() equal slices; slice s's items (workers [s W', (s + 1) W'), W' = slice_workers())
+  // are slice 0's with kv_head + s slice_heads(), worker + s W' and partial_slot (where >= 0)
+  // + s slice_slots(), in the same order. A backend may stage slice 0 only and shift on the device.
+  int num_slices() const { return slices_; }
+  int slice_heads() const { return slice_heads_; }
+  int slice_workers() const { return slice_workers_; }
+  int64_t slice_slots() const { return slice_slots_; }
+  // Slice 0's active items: the first num_items() / num_slices() of items().
+  std::span<const WorkItem> slice_items() const { return {items_.data(), size_t(num_items_ / slices_)}; }
+  bool slice_zero_only() const { return slice_zero_only_; }
+
  private:
   friend class Planner;
   std::vector<WorkItem> items_;
@@ -199,6 +219,10 @@ class Plan {
   int64_t batch_size_ = 0;
   int32_t split_size_ = 0;
   int num_kv_heads_ = 0, group_size_ = 1, head_dim_vo_ = 0, query_tile_ = 1;
+  int slices_ = 1, slice_heads_ = 0, slice_workers_ = 0;
+  int64_t slice_slots_ = 0;
+  bool slice_zero_only_ = false;
+  int64_t stored_items() const { return slice_zero_only_ ? num_items_ / slices_ : num_items_; }
   bool graph_mode_ = false;
   CostModel cost_{};
 };

@@ -250,6 +250,7 @@ Plan cpu_schedule(const AttentionPlan& plan, const SchedulerOptions& scheduler) 
   }
   SchedulerOptions opt = scheduler;
   if (opt.num_workers == 0) opt.num_workers = cpu::ThreadPool::global().num_threads();
+  opt.slice_zero_only = false;  // the executor runs every worker's list
   return make_plan(in, opt);
 }
 

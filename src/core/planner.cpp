@@ -67,7 +67,7 @@ inline Cut cut_range(int64_t L, int64_t S, int64_t align, bool balanced) {
   if (!balanced) return {int32_t(s), int32_t((l - 1) / s + 1)};
   const uint32_t n = (l - 1) / s + 1;
   uint32_t piece = (l - 1) / n + 1;
-  piece = (piece + a - 1) / a * a;
+  piece = std::has_single_bit(a) ? (piece + a - 1) & ~(a - 1) : (piece + a - 1) / a * a;  // KV tiles: 2^k
   return {int32_t(piece), int32_t((l - 1) / piece + 1)};
 }
 
@@ -709,21 +709,31 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   p.group_size_ = group_size;
   p.head_dim_vo_ = in.head_dim_vo > 0 ? in.head_dim_vo : in.head_dim_qk;
   p.query_tile_ = T;
+  p.slices_ = slices;
+  p.slice_heads_ = slice_heads;
+  p.slice_workers_ = slice_workers;
+  p.slice_slots_ = int64_t(slice_heads) * head_slots;
+  p.slice_zero_only_ = opt.slice_zero_only;
+  // What the plan stores: every slice, or slice 0 only (its share of the graph-mode padding too).
+  const int stored_slices = opt.slice_zero_only ? 1 : slices;
+  const int64_t stored_items = num_items / slices * stored_slices;
   p.split_size_ = any_split ? (best.split == kNoSplit ? 0 : best.split) : 0;
   p.num_items_ = num_items;
   p.num_merges_ = num_merges;
   p.num_slots_ = num_slots;
   p.split_rows_ = split_rows;  // packed rows: query tokens x query heads
   p.slot_capacity_ = p.graph_mode_ ? 2 * split_budget : num_slots;
-  p.items_.resize(size_t(p.graph_mode_ ? item_cap : num_items));
+  p.items_.resize(size_t(!p.graph_mode_              ? stored_items
+                         : opt.slice_zero_only ? (item_cap + slices - 1) / slices
+                                               : item_cap));
   p.merges_.resize(size_t(p.graph_mode_ ? split_budget : num_merges));
 
   // Worker ranges: local worker w of slice s is global worker s * slice_workers + w.
-  p.worker_begin_.resize(size_t(W) + 1);
+  p.worker_begin_.resize(size_t(stored_slices) * slice_workers + 1);
   sc.cursor.assign(size_t(slice_workers), 0);
   for (const Assign& a : best.assigns) ++sc.cursor[size_t(a.worker)];
   p.worker_begin_[0] = 0;
-  for (int s = 0, gw = 0; s < slices; ++s)
+  for (int s = 0, gw = 0; s < stored_slices; ++s)
     for (int w = 0; w < slice_workers; ++w, ++gw)
       p.worker_begin_[size_t(gw) + 1] = p.worker_begin_[size_t(gw)] + sc.cursor[size_t(w)];
   p.worker_cost_.resize(size_t(W));
@@ -755,10 +765,10 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     it.partial_slot = slot0 < 0 ? -1 : int32_t(a.head * head_slots + slot0 + a.chunk);
     items[sc.cursor[size_t(a.worker)]++] = it;
   }
-  for (int s = 1; s < slices; ++s)
+  for (int s = 1; s < stored_slices; ++s)
     replicate_slice(items + s * A, items, A, int16_t(s * slice_heads), s * slice_workers,
                     int32_t(s * slice_heads * head_slots));
-  for (int64_t i = num_items; i < int64_t(p.items_.size()); ++i) items[i] = WorkItem{};
+  for (int64_t i = stored_items; i < int64_t(p.items_.size()); ++i) items[i] = WorkItem{};
 
   // Merge table: per head, the split groups in order.
   MergeEntry* merges = p.merges_.data();

@@ -39,6 +39,7 @@ struct DecodeKernelConfig {
   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed, "..._bulk" or "..._bulk_s<stages>"
   // when bulk, the latter for stages other than 3; "..._tma" / "..._tma_s<stages>" likewise)
   std::string name() const;
+  bool operator==(const DecodeKernelConfig&) const = default;
 };
 
 // The heuristic, from measurements on the H200 (docs/PERFORMANCE.md): tensor cores whenever the KV

@@ -36,8 +36,8 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 // ids together and a graph-mode re-plan moves nothing that a captured launch points at.
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
-  int64_t items = 0, worker_begin = 0, merges = 0, slot_merge = 0, merge_counters = 0, indptr = 0,
-          last_page_len = 0, error = 0, indices = 0, end = 0;
+  int64_t items = 0, worker_begin = 0, slice_slots = 0, merges = 0, slot_merge = 0, merge_counters = 0,
+          indptr = 0, last_page_len = 0, error = 0, indices = 0, end = 0;
   int64_t meta_begin() const { return items; }
 };
 
@@ -87,6 +87,12 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const std::string boxes = boxes_env ? boxes_env : "";
   KVATTN_CHECK(boxes.empty() || boxes == "0" || boxes == "1", "KVATTN_DECODE_TMA_BOXES is 0 or 1, not '", boxes,
                "'");
+  // KVATTN_DECODE_SLICE_BLOCK=N: the one-CTA-per-item grid takes slice 0's items in blocks of N
+  // (kernels/decode/persistent.cuh; default: the plan's slice workers), for measurements.
+  const char* block_env = std::getenv("KVATTN_DECODE_SLICE_BLOCK");
+  const int slice_block_env = block_env ? std::atoi(block_env) : 0;
+  KVATTN_CHECK(!block_env || slice_block_env > 0, "KVATTN_DECODE_SLICE_BLOCK is a positive item count, not '",
+               block_env ? block_env : "", "'");
   // A captured run() replays the kernel it captured: graph mode never switches on the batch.
   const bool skewed = !pr.scheduler.cuda_graph && decode_batch_is_skewed(pr.kv_len);
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
@@ -96,7 +102,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;
   const int smem = decode_smem_bytes(cfg);
-  if (!kernel || device != device_ || cfg.name() != config_.name()) {
+  if (!kernel || device != device_ || !(cfg == config_)) {
     kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
     merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
     KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
@@ -112,7 +118,16 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int head_chunks = group / cfg.heads_per_cta;
   const bool fold_in_kernel = decode_folds_in_kernel();
   SchedulerOptions opts = pr.scheduler;
-  if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
+  if (opts.num_workers <= 0) {
+    opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
+    // One CTA per item: the workers only model the GPU's parallel slots (the block scheduler fills
+    // every slot). A multiple of the KV heads makes one head per slice: the planner schedules a
+    // slice of W / H workers once (32/8 heads, 396 slots: 392 workers plan Zipf lengths in 18 us
+    // instead of 25, 32/32 heads at 264 slots: 256 workers, 11 us instead of 14; CPU times).
+    if (!cfg.persistent && opts.num_workers >= 2 * pr.num_kv_heads)
+      opts.num_workers -= opts.num_workers % pr.num_kv_heads;
+  }
+  opts.slice_zero_only = true;  // the kernels repeat slice 0 (kernels/decode/persistent.cuh)
 
   PlannerInputs in;
   qo_indptr_.resize(pr.kv_len.size() + 1);
@@ -133,12 +148,18 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
   const int64_t rows = plan.partial_slot_rows();
   const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
+  // The plan holds slice 0 only, and only slice 0 is staged (kernels/decode/persistent.cuh
+  // repeats it for the other slices on the device): 1/8 of the items at 32/8 heads on 264 workers.
+  // Graph mode pads it to a fixed length, so that the captured grid fits every re-plan.
+  const int slices = plan.num_slices(), slice_workers = plan.slice_workers();
+  const int64_t slice_cap = plan.item_capacity();
   WorkspaceLayout L;
   L.partial_o = 0;
   L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
   L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
-  L.worker_begin = L.items + plan.item_capacity() * int64_t(sizeof(WorkItem));
-  L.merges = L.worker_begin + (plan.num_workers() + 1) * 4;
+  L.worker_begin = L.items + slice_cap * int64_t(sizeof(WorkItem));
+  L.slice_slots = L.worker_begin + (slice_workers + 1) * 4;
+  L.merges = L.slice_slots + 4;
   L.slot_merge = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
   L.merge_counters = L.slot_merge + plan.slot_capacity() * 4;
   L.indptr = L.merge_counters + merge_cap * head_chunks * 4;
@@ -158,16 +179,17 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   auto* wb = reinterpret_cast<int32_t*>(host + L.worker_begin);
   int64_t pos = 0;
   if (cfg.persistent) {  // the planner's order: each worker's list, longest first
-    for (int w = 0; w < plan.num_workers(); ++w) {
-      wb[w] = int32_t(pos);
-      for (const WorkItem& it : plan.worker_items(w)) items[pos++] = it;
-    }
-    for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
+    const auto slice0 = plan.slice_items();
+    pos = int64_t(slice0.size());
+    std::memcpy(items, slice0.data(), slice0.size_bytes());
+    std::memcpy(wb, plan.worker_begin().data(), size_t(slice_workers + 1) * 4);
+    for (int64_t i = pos; i < slice_cap; ++i) items[i] = WorkItem{};  // inactive padding
   } else {  // one CTA per item
-    pos = stage_items_round_robin(plan, items, active_);
-    for (int w = 0; w <= plan.num_workers(); ++w) wb[w] = 0;
+    pos = stage_items_round_robin(plan, slice_workers, slice_cap, items, active_);
+    for (int w = 0; w <= slice_workers; ++w) wb[w] = 0;
   }
-  wb[plan.num_workers()] = int32_t(pos);
+  wb[slice_workers] = int32_t(pos);
+  *reinterpret_cast<int32_t*>(host + L.slice_slots) = int32_t(plan.slice_slots());
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
   auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
   std::memset(slot_merge, 0, size_t(plan.slot_capacity()) * 4);
@@ -181,8 +203,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   std::memset(host + L.error, 0, kErrorWords * 4);
   if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
+  trace.mark("stage");
   staging_.commit(ws + L.meta_begin(), copy_bytes, stream);
-  trace.mark("stage+copy");
+  trace.mark("copy");
 
   kernels::DecodeParams b{};
   b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.indptr);
@@ -192,6 +215,12 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   b.page_size = pr.page_size;
   b.items = reinterpret_cast<const DeviceWorkItem*>(ws + L.items);
   b.worker_begin = reinterpret_cast<const int32_t*>(ws + L.worker_begin);
+  b.slice_slots = reinterpret_cast<const int32_t*>(ws + L.slice_slots);
+  b.slices = slices;
+  b.slice_heads = plan.slice_heads();
+  b.slice_workers = slice_workers;
+  b.slice_capacity = int32_t(slice_cap);
+  b.slice_block = slice_block_env > 0 ? slice_block_env : slice_workers;
   b.merges = reinterpret_cast<const DeviceMergeEntry*>(ws + L.merges);
   b.partial_o = reinterpret_cast<float*>(ws + L.partial_o);
   b.partial_lse = reinterpret_cast<float*>(ws + L.partial_lse);
@@ -214,7 +243,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   per_sm_ = per_sm;
   device_ = device;
   head_chunks_ = head_chunks;
-  grid_ = cfg.persistent ? plan.num_workers() : opts.cuda_graph ? plan.item_capacity() : plan.num_items();
+  grid_ = cfg.persistent ? plan.num_workers() : slice_cap * slices;
   merge_grid_ = fold_in_kernel ? 0 : opts.cuda_graph ? plan.merge_capacity() : plan.num_merges();
   merge_grid_y_ = (group + heads_per_merge_cta - 1) / heads_per_merge_cta;
   workspace_used_ = L.end;

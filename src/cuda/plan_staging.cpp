@@ -36,10 +36,11 @@ void PlanStaging::commit(void* device_dst, int64_t bytes, cudaStream_t stream) {
   next_ ^= 1;
 }
 
-int64_t stage_items_round_robin(const Plan& plan, WorkItem* items, std::vector<int>& active) {
+int64_t stage_items_round_robin(const Plan& plan, int workers, int64_t capacity, WorkItem* items,
+                                std::vector<int>& active) {
   int64_t pos = 0;
   active.clear();
-  for (int w = 0; w < plan.num_workers(); ++w)
+  for (int w = 0; w < workers; ++w)
     if (!plan.worker_items(w).empty()) active.push_back(w);
   for (size_t i = 0; !active.empty(); ++i) {  // O(items): exhausted workers drop out
     size_t kept = 0;
@@ -50,7 +51,7 @@ int64_t stage_items_round_robin(const Plan& plan, WorkItem* items, std::vector<i
     }
     active.resize(kept);
   }
-  for (int64_t i = pos; i < plan.item_capacity(); ++i) items[i] = WorkItem{};  // inactive padding
+  for (int64_t i = pos; i < capacity; ++i) items[i] = WorkItem{};  // inactive padding
   return pos;
 }
 

@@ -36,10 +36,11 @@ class PlanStaging {
   int next_ = 0;
 };
 
-// One CTA per item: the workers' lists interleaved round-robin, so the longest items start first;
-// then inactive padding up to the plan's item capacity (graph mode). Returns the active items.
+// One CTA per item: the lists of workers [0, workers) interleaved round-robin, so the longest
+// items start first; then inactive padding up to `capacity` items. Returns the active items.
 // `active` is scratch.
-int64_t stage_items_round_robin(const Plan& plan, WorkItem* items, std::vector<int>& active);
+int64_t stage_items_round_robin(const Plan& plan, int workers, int64_t capacity, WorkItem* items,
+                                std::vector<int>& active);
 
 // The merge table, then unused entries (request -1) up to `capacity`.
 void stage_merges(const Plan& plan, MergeEntry* merges, int64_t capacity);

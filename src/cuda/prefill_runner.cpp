@@ -65,6 +65,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   const int head_chunks = group / cfg.heads_per_cta;
   SchedulerOptions opts = pr.scheduler;
   if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
+  opts.slice_zero_only = false;  // the prefill kernels read every slice's items
 
   PlannerInputs in;
   in.qo_indptr = pr.qo_indptr;
@@ -105,7 +106,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   // Stage everything in pinned memory (the buffer used two plans ago), then one copy.
   const int64_t copy_bytes = L.end - L.items;
   char* host = staging_.acquire(copy_bytes) - L.items;  // host + offset mirrors the workspace
-  stage_items_round_robin(plan, reinterpret_cast<WorkItem*>(host + L.items), active_);
+  stage_items_round_robin(plan, plan.num_workers(), plan.item_capacity(),
+                          reinterpret_cast<WorkItem*>(host + L.items), active_);
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
   auto copy_ints = [&](int64_t at, std::span<const int32_t> v) {
     if (!v.empty()) std::memcpy(host + at, v.data(), v.size_bytes());

@@ -54,9 +54,16 @@ struct DecodeParams {
   int32_t num_pages;          // pages in the cache: page ids outside [0, num_pages) are errors
   int32_t* error;             // [flag, position, value, num_pages] of the first bad page id
 
-  // The plan: CTA w (blockIdx.x) runs items [worker_begin[w], worker_begin[w + 1]) in order.
+  // The plan's slice 0 (include/kvattn/plan.h, "Slices"): slice s runs the same items with
+  // kv_head + s slice_heads, and partial_slot + s *slice_slots where a slot is used. One CTA per
+  // item: slice_capacity items (padding included) x slices CTAs, taken in blocks of slice_block
+  // items (persistent.cuh has the order).
+  // Persistent grid: CTA w is worker w % slice_workers of slice w / slice_workers and runs items
+  // [worker_begin[..], worker_begin[.. + 1]).
   const DeviceWorkItem* items;
-  const int32_t* worker_begin;
+  const int32_t* worker_begin;  // [slice_workers + 1]
+  const int32_t* slice_slots;   // one int32 in the workspace: a re-plan changes it, slices do not
+  int32_t slices, slice_heads, slice_workers, slice_capacity, slice_block;
   const DeviceMergeEntry* merges;
   float* partial_o;    // [slots, group, head_dim_vo], v_scale applied
   float* partial_lse;  // [slots, group]
