@@ -87,12 +87,6 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const std::string boxes = boxes_env ? boxes_env : "";
   KVATTN_CHECK(boxes.empty() || boxes == "0" || boxes == "1", "KVATTN_DECODE_TMA_BOXES is 0 or 1, not '", boxes,
                "'");
-  // KVATTN_DECODE_SLICE_BLOCK=N: the one-CTA-per-item grid takes slice 0's items in blocks of N
-  // (kernels/decode/persistent.cuh; default: the plan's slice workers), for measurements.
-  const char* block_env = std::getenv("KVATTN_DECODE_SLICE_BLOCK");
-  const int slice_block_env = block_env ? std::atoi(block_env) : 0;
-  KVATTN_CHECK(!block_env || slice_block_env > 0, "KVATTN_DECODE_SLICE_BLOCK is a positive item count, not '",
-               block_env ? block_env : "", "'");
   // A captured run() replays the kernel it captured: graph mode never switches on the batch.
   const bool skewed = !pr.scheduler.cuda_graph && decode_batch_is_skewed(pr.kv_len);
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
@@ -219,8 +213,6 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   b.slices = slices;
   b.slice_heads = plan.slice_heads();
   b.slice_workers = slice_workers;
-  b.slice_capacity = int32_t(slice_cap);
-  b.slice_block = slice_block_env > 0 ? slice_block_env : slice_workers;
   b.merges = reinterpret_cast<const DeviceMergeEntry*>(ws + L.merges);
   b.partial_o = reinterpret_cast<float*>(ws + L.partial_o);
   b.partial_lse = reinterpret_cast<float*>(ws + L.partial_lse);

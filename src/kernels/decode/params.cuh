@@ -56,14 +56,13 @@ struct DecodeParams {
 
   // The plan's slice 0 (include/kvattn/plan.h, "Slices"): slice s runs the same items with
   // kv_head + s slice_heads, and partial_slot + s *slice_slots where a slot is used. One CTA per
-  // item: slice_capacity items (padding included) x slices CTAs, taken in blocks of slice_block
-  // items (persistent.cuh has the order).
+  // item: CTA i runs items[i / slices] for slice i % slices (persistent.cuh).
   // Persistent grid: CTA w is worker w % slice_workers of slice w / slice_workers and runs items
   // [worker_begin[..], worker_begin[.. + 1]).
   const DeviceWorkItem* items;
   const int32_t* worker_begin;  // [slice_workers + 1]
   const int32_t* slice_slots;   // one int32 in the workspace: a re-plan changes it, slices do not
-  int32_t slices, slice_heads, slice_workers, slice_capacity, slice_block;
+  int32_t slices, slice_heads, slice_workers;
   const DeviceMergeEntry* merges;
   float* partial_o;    // [slots, group, head_dim_vo], v_scale applied
   float* partial_lse;  // [slots, group]

@@ -10,12 +10,15 @@
 
 namespace kvattn::kernels::decode {
 
-// Item `index` of slice 0, moved to slice `s` (params.cuh: the host stages slice 0 only).
+// Item `index` of slice 0, moved to slice `s` (params.cuh: the host stages slice 0 only). The
+// slot step is loaded with the item, not after it: a second dependent load at the start of every
+// CTA cost skewed batches (many short split items) 5% (1 x 32k + 63 x 512: 80.6 -> 85 us).
 __device__ __forceinline__ DeviceWorkItem slice_item(const DecodeParams& p, int32_t index, int32_t s) {
+  const int32_t slot_step = *p.slice_slots;
   DeviceWorkItem item = p.items[index];
   item.kv_head = int16_t(item.kv_head + s * p.slice_heads);
   item.worker += s * p.slice_workers;
-  if (item.partial_slot >= 0) item.partial_slot += s * *p.slice_slots;
+  if (item.partial_slot >= 0) item.partial_slot += s * slot_step;
   return item;
 }
 
@@ -36,18 +39,15 @@ __device__ void run_worker(const DecodeParams& p, char* smem) {
 
 // One CTA per work item (inactive padding exits): the hardware's block scheduler starts the next
 // item on an SM as soon as one finishes. Slice 0's list is in start order (its workers' lists
-// round-robin, longest first); the CTAs take it in blocks of slice_block items (slice_workers:
-// one round), each block for slice 0, then slice 1, ...: for uniform lists this is the round-robin
-// order of the whole plan. (slice_block 1, item by item for every slice, i.e. the same request's
-// pages read by `slices` CTAs at once: KVATTN_DECODE_SLICE_BLOCK=1, for measurements.)
+// round-robin, longest first), and CTAs i * slices + s run its item i for every slice s: the
+// slices of one item (its request's other KV heads, the same pages) start together. Measured
+// 0.5-1.5% faster than taking each round of the list for slice 0, then slice 1, ... (the order of
+// a whole plan staged round-robin), on uniform and skewed batches alike.
 template <class Kernel>
 __device__ void run_one_item(const DecodeParams& p, char* smem) {
   if (p.merge_follows) allow_dependent_launch();  // the merge may start; it waits for this grid
-  const int32_t per_block = p.slice_block * p.slices;
-  const int32_t block = int32_t(blockIdx.x) / per_block, k = int32_t(blockIdx.x) - block * per_block;
-  const int32_t first = block * p.slice_block, width = min(p.slice_block, p.slice_capacity - first);
-  const int32_t s = k / width;
-  const DeviceWorkItem item = slice_item(p, first + k - s * width, s);
+  const int32_t index = int32_t(blockIdx.x) / p.slices;
+  const DeviceWorkItem item = slice_item(p, index, int32_t(blockIdx.x) - index * p.slices);
   if (item.active) Kernel::run_item(p, smem, item);
 }
 
