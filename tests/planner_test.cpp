@@ -293,6 +293,9 @@ TEST(Planner, PropertiesOverRandomBatches) {
                                                       : plan.num_items() / plan.num_slices());
     for (const auto& it : zero.all_items().subspan(zero.items().size())) ASSERT_FALSE(it.active);
     ASSERT_EQ(zero.num_merges(), plan.num_merges());
+    // The other slices' lists are not stored: asking for one is an error, not a read past the end.
+    if (zero.num_slices() > 1) EXPECT_THROW(zero.worker_items(zero.slice_workers()), kvattn::Error);
+    EXPECT_THROW(plan.worker_items(plan.num_workers()), kvattn::Error);
     // Same inputs, same plan: a fresh planner agrees with the reused one.
     kvattn::Plan fresh = kvattn::make_plan(batch.inputs, batch.options);
     ASSERT_TRUE(same_items(fresh.all_items(), plan.all_items()));

@@ -66,7 +66,8 @@ class BatchDecode {
   void check_errors(void* stream = nullptr) const;
 
   // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
-  // inspection and tests; null before plan().
+  // inspection and tests; null before plan(). The GPU decode path's plan stores slice 0 only
+  // (Plan::slice_zero_only(): its kernels repeat it for the other slices).
   const Plan* schedule() const;
 
  private:

@@ -137,11 +137,9 @@ class Plan {
   std::span<const WorkItem> items() const { return {items_.data(), size_t(stored_items())}; }
   // Every slot of the work list: items() followed by inactive padding (graph mode).
   std::span<const WorkItem> all_items() const { return items_; }
-  // worker < num_workers() (slice_workers() with slice_zero_only).
-  std::span<const WorkItem> worker_items(int worker) const {
-    return {items_.data() + worker_begin_[size_t(worker)],
-            size_t(worker_begin_[size_t(worker) + 1] - worker_begin_[size_t(worker)])};
-  }
+  // worker < num_workers(); with slice_zero_only, < slice_workers() (kvattn::Error otherwise:
+  // the other slices' lists are not stored).
+  std::span<const WorkItem> worker_items(int worker) const;
   // The merge table of split rows (active entries; graph mode keeps a fixed-capacity buffer).
   std::span<const MergeEntry> merges() const { return {merges_.data(), size_t(num_merges_)}; }
   // [workers + 1] (slice_workers() + 1 with slice_zero_only): worker w's items are
@@ -155,6 +153,8 @@ class Plan {
   int64_t num_items() const { return num_items_; }
   int64_t num_merges() const { return num_merges_; }
   int64_t num_partial_slots() const { return num_slots_; }
+  // all_items().size(): num_items() or, in graph mode, GraphCapacity's item count (its share
+  // per slice, rounded up, with slice_zero_only).
   int64_t item_capacity() const { return int64_t(items_.size()); }
   int64_t merge_capacity() const { return int64_t(merges_.size()); }
   int64_t slot_capacity() const { return slot_capacity_; }

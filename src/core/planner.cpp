@@ -4,8 +4,9 @@
 //   inputs -> groups (request, query tile, visible KV range [v0, v1), packed rows)
 //          -> split-size search: estimates (total cost, largest item) per candidate, then
 //             longest-first schedules of a few candidates on one worker slice
-//          -> the best schedule is replicated over the slices and written out as the work list,
-//             the worker ranges, the merge table and the worker costs.
+//          -> the best schedule is replicated over the slices (or kept for slice 0 only, when
+//             the backend repeats it: SchedulerOptions::slice_zero_only) and written out as the
+//             work list, the worker ranges, the merge table and the worker costs.
 // All buffers live in Planner::Scratch and the Plan, and are reused from one plan() to the next:
 // after the first call a plan of the same size or smaller allocates nothing.
 #include <algorithm>
@@ -155,6 +156,14 @@ Planner::Planner() : scratch_(std::make_unique<Scratch>()) {}
 Planner::~Planner() = default;
 Planner::Planner(Planner&&) noexcept = default;
 Planner& Planner::operator=(Planner&&) noexcept = default;
+
+std::span<const WorkItem> Plan::worker_items(int worker) const {
+  KVATTN_CHECK(worker >= 0 && size_t(worker) + 1 < worker_begin_.size(), "worker ", worker, " of a plan with ",
+               worker_begin_.size() - 1, " stored worker lists",
+               slice_zero_only_ ? " (slice_zero_only: slice 0's workers only)" : "");
+  return {items_.data() + worker_begin_[size_t(worker)],
+          size_t(worker_begin_[size_t(worker) + 1] - worker_begin_[size_t(worker)])};
+}
 
 int64_t Plan::item_cost(const WorkItem& item) const {
   int64_t rows = int64_t(item.q_rows()) * group_size_;

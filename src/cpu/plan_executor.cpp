@@ -92,6 +92,7 @@ int64_t plan_scratch_floats(const Plan& plan, int head_dim_vo) {
 }
 
 void run_plan(const EngineProblem& p, const Plan& plan, std::span<float> scratch) {
+  KVATTN_CHECK(!plan.slice_zero_only(), "the CPU executor runs every worker's list: plan without slice_zero_only");
   KVATTN_CHECK(plan.batch_size() == int64_t(p.requests.size()) &&
                    plan.num_kv_heads() == p.num_kv_heads &&
                    plan.group_size() == p.num_qo_heads / p.num_kv_heads,
