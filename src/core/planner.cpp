@@ -648,13 +648,28 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     const int64_t first_mean = (sc.best.total + slice_workers - 1) / slice_workers;
     const int64_t unsplit_mean = (unsplit_total * slice_heads + slice_workers - 1) / slice_workers;
     if (sc.best.makespan * 24 > first_mean * 25 || first_mean > 2 * unsplit_mean) {
+      // Only candidates whose bound is below the first schedule's makespan (x 255/256) can be
+      // tried (the best makespan only falls), so two exact shortcuts skip most estimates: the
+      // total never falls as S shrinks (finer cuts only add items), so scanning S downwards
+      // stops at the first mean at or above that threshold; and the largest item is at least
+      // the longest group's largest chunk, known without an estimate.
+      if (!have_by_len) build_by_len();
+      const int64_t threshold = sc.best.makespan;
+      auto can_beat = [&](int64_t bound) { return bound * 256 < threshold * 255; };
+      const Group& longest = sc.groups[size_t(sc.by_len[0])];
+      const int64_t longest_len = int64_t(longest.v1) - longest.v0;
+      const int64_t longest_base = cm.per_item + (cm.per_query_row + cm.per_partial_row) * longest.rows;
       sc.bounds.clear();
-      for (int k = 0; k < K; ++k) {
+      for (int k = K - 1; k >= 0; --k) {
         if (k == k0) continue;
-        Estimate e = est(sc.candidates[size_t(k)]);
-        if (!fits(e.items)) continue;
-        sc.bounds.push_back(
-            {std::max(e.largest, (e.total + slice_workers - 1) / slice_workers), int32_t(k)});
+        const int32_t split = sc.candidates[size_t(k)];
+        if (split < longest_len &&
+            !can_beat(longest_base + cm.per_kv_token * cut_range(longest_len, split, align, true).piece))
+          continue;
+        const Estimate e = est(split);
+        const int64_t mean = (e.total + slice_workers - 1) / slice_workers;
+        if (!can_beat(mean)) break;
+        if (fits(e.items) && can_beat(e.largest)) sc.bounds.push_back({std::max(e.largest, mean), int32_t(k)});
       }
       std::sort(sc.bounds.begin(), sc.bounds.end(), [](const Bound& x, const Bound& y) {
         return x.bound < y.bound || (x.bound == y.bound && x.k > y.k);
