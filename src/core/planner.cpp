@@ -68,7 +68,7 @@ inline Cut cut_range(int64_t L, int64_t S, int64_t align, bool balanced) {
   if (!balanced) return {int32_t(s), int32_t((l - 1) / s + 1)};
   const uint32_t n = (l - 1) / s + 1;
   uint32_t piece = (l - 1) / n + 1;
-  piece = std::has_single_bit(a) ? (piece + a - 1) & ~(a - 1) : (piece + a - 1) / a * a;  // KV tiles: 2^k
+  piece = (a & (a - 1)) == 0 ? (piece + a - 1) & ~(a - 1) : (piece + a - 1) / a * a;  // KV tiles: 2^k
   return {int32_t(piece), int32_t((l - 1) / piece + 1)};
 }
 
