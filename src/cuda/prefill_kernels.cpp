@@ -10,17 +10,25 @@
 namespace kvattn::cuda {
 
 std::string PrefillKernelConfig::name() const {
-  std::string n = "prefill_" + std::string(dtype_name(q_dtype));
-  if (kv_dtype != q_dtype) n += "_kv" + std::string(dtype_name(kv_dtype));
-  if (o_dtype != q_dtype) n += "_o" + std::string(dtype_name(o_dtype));
-  n += "_hd" + std::to_string(head_dim_qk);
-  if (head_dim_vo != head_dim_qk) n += "x" + std::to_string(head_dim_vo);
-  n += "_g" + std::to_string(heads_per_cta) + "_w" + std::to_string(warps);
-  if (m_tiles > 1) n += "x" + std::to_string(m_tiles);
-  n += "_k" + std::to_string(kv_tile) + "_s" + std::to_string(stages);
-  if (min_blocks > 1) n += "_b" + std::to_string(min_blocks);
-  n += paged ? "_paged" + std::to_string(page_size) : "_ragged";
-  n += "_f" + std::to_string(features);
+  // Appends only: `"x" + std::to_string(...)` makes GCC 12 warn (-Wrestrict, a false positive).
+  std::string n = "prefill_";
+  auto add = [&n](const char* tag, std::string_view value) { n.append(tag).append(value); };
+  n += dtype_name(q_dtype);
+  if (kv_dtype != q_dtype) add("_kv", dtype_name(kv_dtype));
+  if (o_dtype != q_dtype) add("_o", dtype_name(o_dtype));
+  add("_hd", std::to_string(head_dim_qk));
+  if (head_dim_vo != head_dim_qk) add("x", std::to_string(head_dim_vo));
+  add("_g", std::to_string(heads_per_cta));
+  add("_w", std::to_string(warps));
+  if (m_tiles > 1) add("x", std::to_string(m_tiles));
+  add("_k", std::to_string(kv_tile));
+  add("_s", std::to_string(stages));
+  if (min_blocks > 1) add("_b", std::to_string(min_blocks));
+  if (paged)
+    add("_paged", std::to_string(page_size));
+  else
+    n += "_ragged";
+  add("_f", std::to_string(features));
   if (fast_tanh && (features & kernels::kSoftCap)) n += "_tanhx";
   return n;
 }
