@@ -168,6 +168,7 @@ void run_plan_command(const PlanArgs& a) {
     j["causal"] = a.causal;
     j["window_left"] = a.window;
     j["workers"] = W;
+    j["slices"] = {{"count", plan.num_slices()}, {"heads", plan.slice_heads()}, {"workers", plan.slice_workers()}};
     j["items"] = plan.num_items();
     j["item_capacity"] = plan.item_capacity();
     j["split_size"] = plan.split_size();
@@ -235,6 +236,9 @@ void run_plan_command(const PlanArgs& a) {
         (long long)plan.split_rows());
   else
     std::printf("; no KV split\n");
+  std::printf("slices     %d, each %d KV head(s) on %d workers: one schedule, repeated (the GPU decode path stages "
+              "slice 0 only)\n",
+              plan.num_slices(), plan.slice_heads(), plan.slice_workers());
   std::printf("balance    max worker cost %lld, mean %.1f, max/mean %.4f; largest item %lld\n",
               (long long)plan.max_worker_cost(), plan.mean_worker_cost(), plan.max_over_mean(),
               (long long)plan.largest_item_cost());
