@@ -201,7 +201,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   TensorView qv(q.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
   TensorView ov(out.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
   // --via-prefill: the same step on the prefill kernels (one query token per request), for the
-  // decode-on-prefill heuristic of the prefill issue; its page table stays on the host.
+  // decode-on-prefill heuristic of the prefill issue; page ids as for BatchDecode (device unless
+  // --host-table).
   std::vector<int32_t> qo_indptr(size_t(B) + 1);
   std::iota(qo_indptr.begin(), qo_indptr.end(), 0);
   kvattn::BatchPrefill prefill(TensorView(ws.ptr, DType::u8, {ws_bytes}, kvattn::Device::cuda(0)),
@@ -210,8 +211,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
     kvattn::BatchPrefillPlan pp;
     static_cast<kvattn::AttentionShape&>(pp) = plan;
     pp.qo_indptr = TensorView(qo_indptr.data(), DType::i32, {int64_t(B) + 1});
-    pp.page_table = kvattn::PageTable{plan.page_table.indptr, TensorView(indices.data(), DType::i32, {pages}),
-                                      plan.page_table.last_page_len};
+    pp.page_table = plan.page_table;
     pp.page_size = P;
     prefill.plan(pp);
   }
@@ -222,7 +222,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
       decode.run(qv, cache_view(copy), ov);
   };
   const double med = kvattn_cli::median_ms(run_once, copies, iters);
-  if (!via_prefill) decode.check_errors();  // (prefill's plan reused the workspace: nothing to read there)
+  // (the plan that ran last owns the workspace's error record)
+  via_prefill ? prefill.check_errors() : decode.check_errors();
   const double bytes = kv_bytes + 2.0 * B * c.num_qo_heads * D * 2;
   const kvattn::Plan* timed_plan = via_prefill ? prefill.schedule() : decode.schedule();  // what ran
   const double gbps = bytes / (med * 1e-3) / 1e9;

@@ -70,6 +70,7 @@ struct PrefillBenchCase {
 
 struct PrefillBenchOptions {
   bool quick = false, json = false, list = false;
+  bool device_table = false;  // paged cases: page ids on the device, read in place by the kernels
   int iters = 20;
   std::vector<std::string> cases;  // case ids to run; empty: every case
   std::string save_io;              // export directory; empty: none
@@ -123,7 +124,8 @@ struct DeviceBytes {
   DeviceBytes(const DeviceBytes&) = delete;
 };
 
-nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double peak_tflops, kvattn_cli::IoExport* io) {
+nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, bool device_table, double peak_tflops,
+                                kvattn_cli::IoExport* io) {
   using kvattn::DType;
   using kvattn::TensorView;
   const auto dev = kvattn::Device::cuda(0);
@@ -176,6 +178,11 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
   } else {
     plan.kv_indptr = TensorView(kv_indptr.data(), DType::i32, {int64_t(kv_indptr.size())});
   }
+  DeviceBytes device_ids(size_t(pages) * 4);
+  if (P > 0 && device_table) {  // plan() then reads only indptr and last_page_len
+    cuda_ok(cudaMemcpy(device_ids.ptr, page_ids.data(), size_t(pages) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    plan.page_table->indices = TensorView(device_ids.ptr, DType::i32, {pages}, dev);
+  }
   cuda_ok(cudaDeviceSynchronize(), "setup");
   for (int i = 0; i < 3; ++i) prefill.plan(plan);
   cuda_ok(cudaDeviceSynchronize(), "warm-up plans");
@@ -201,10 +208,12 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, double pea
     }
   };
   const double med = kvattn_cli::median_ms([&](int) { run(); }, 1, iters);
+  prefill.check_errors();
   const double tflops = c.flops() / (med * 1e-3) / 1e12;
   nlohmann::json row = {{"op", "prefill"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"head_dim", D}, {"causal", c.causal}, {"soft_cap", c.soft_cap}, {"alibi", c.alibi},
           {"kv", P > 0 ? "paged, page " + std::to_string(P) : std::string("ragged")},
+          {"page_ids", P > 0 ? (device_table ? "device" : "host") : "-"},
           {"batch", B}, {"q_tokens", nq}, {"kv_tokens", nkv}, {"qo_lens", c.qo_lens}, {"kv_lens", c.kv_lens},
           {"visible_pairs", c.visible_pairs()},
           {"ms", med}, {"TFLOPs", tflops}, {"pct_of_782", 100.0 * tflops / peak_tflops},
@@ -259,7 +268,7 @@ void bench_prefill(const PrefillBenchOptions& o) {
     std::printf("%-34s %6s %4s %10s %9s %8s %9s\n", "prefill (bf16)", "heads", "hd", "time", "TFLOP/s", "% 782",
                 "plan");
   for (const auto& c : cases) {
-    auto row = run_prefill_case(c, o.iters, 782.0, io.get());
+    auto row = run_prefill_case(c, o.iters, o.device_table, 782.0, io.get());
     if (!o.json)
       std::printf("%-34s %6s %4d %7.3f ms %9.1f %7.1f%% %6.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), c.head_dim, row["ms"].get<double>(),
@@ -284,6 +293,9 @@ void register_bench_prefill(CLI::App& bench) {
   cmd->add_flag("--list", o.list, "list the cases (id, shape) and run nothing; no GPU needed");
   cmd->add_option("--cases", o.cases, "run only these case ids, comma-separated (see --list)")->delimiter(',');
   cmd->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
+  cmd->add_flag("--device-table", o.device_table,
+                "paged cases: give plan() the page ids on the device (read in place by the kernels, as serving "
+                "frameworks keep them); by default they are host ids, copied into the workspace");
   cmd->add_option("--save-io", o.save_io,
                   "export each case's q, K/V (ragged, or the paged cache and page table), indptrs, out and lse "
                   "(.npy) and DIR/manifest.json for bench/run-peers; q and K/V then hold generated values")

@@ -234,60 +234,58 @@ TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
 // Split rows fold in the separate merge kernel unless KVATTN_DECODE_MERGE=fold asks for the
 // in-kernel fold; other values are errors.
 // BatchDecode on the prefill kernels (decode_kernels.h documents why): only where the decode
-// kernel would be the cp.async tensor-core one, the group has 4-16 heads, the page table is on
-// the host and the prefill kernels take the problem within the device's shared memory;
+// kernel would be the cp.async tensor-core one, the group has 4-16 heads and the prefill kernels
+// take the problem within the device's shared memory (wherever the page table lives);
 // KVATTN_DECODE_KERNEL forces either way (never past what the prefill kernels take).
 TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
   const DType bf = DType::bf16, f16 = DType::f16, e4 = DType::e4m3;
   constexpr int64_t kA100 = 163 * 1024, kAda = 99 * 1024;  // opt-in shared memory per block
-  // (q, kv, head dims, group, features, bulk copies, host table, shared memory): page size 16.
-  auto route = [](DType q, DType kv, int dqk, int dvo, int group, uint32_t f, bool bulk, bool host, int64_t smem) {
-    return decode_uses_prefill_kernels(q, kv, dqk, dvo, group, f, 16, bulk, host, smem);
+  // (q, kv, head dims, group, features, bulk copies, shared memory): page size 16.
+  auto route = [](DType q, DType kv, int dqk, int dvo, int group, uint32_t f, bool bulk, int64_t smem) {
+    return decode_uses_prefill_kernels(q, kv, dqk, dvo, group, f, 16, bulk, smem);
   };
   {
     DecodeKernelEnv env(nullptr);
     // A device without bulk copies (sm_80/86/89, sm_120): GQA groups of 4 to 16.
-    EXPECT_TRUE(route(bf, bf, 128, 128, 4, 0, false, true, kA100));
-    EXPECT_TRUE(route(f16, f16, 64, 64, 8, kernels::kSoftCap, false, true, kAda));
-    EXPECT_TRUE(route(bf, bf, 128, 128, 16, kernels::kSlidingWindow, false, true, kAda));
-    EXPECT_FALSE(route(bf, bf, 128, 128, 1, 0, false, true, kA100));  // MHA
-    EXPECT_FALSE(route(bf, bf, 128, 128, 2, 0, false, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 128, 128, 64, 0, false, true, kAda));  // wide groups: not measured
+    EXPECT_TRUE(route(bf, bf, 128, 128, 4, 0, false, kA100));
+    EXPECT_TRUE(route(f16, f16, 64, 64, 8, kernels::kSoftCap, false, kAda));
+    EXPECT_TRUE(route(bf, bf, 128, 128, 16, kernels::kSlidingWindow, false, kAda));
+    EXPECT_FALSE(route(bf, bf, 128, 128, 1, 0, false, kA100));  // MHA
+    EXPECT_FALSE(route(bf, bf, 128, 128, 2, 0, false, kA100));
+    EXPECT_FALSE(route(bf, bf, 128, 128, 64, 0, false, kAda));  // wide groups: not measured
     // The bulk-copy decode kernel (sm_90, sm_100) is as fast or faster.
-    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, true, true, 227 * 1024));
+    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, true, 227 * 1024));
     // Not the tensor-core decode kernel: fp8 KV, fused RoPE, mixed q/KV types, f32.
-    EXPECT_FALSE(route(bf, e4, 128, 128, 4, 0, false, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 128, 128, 4, kernels::kRope, false, true, kA100));
-    EXPECT_FALSE(route(f16, bf, 128, 128, 4, 0, false, true, kA100));
-    EXPECT_FALSE(route(DType::f32, DType::f32, 128, 128, 4, 0, false, true, kA100));
+    EXPECT_FALSE(route(bf, e4, 128, 128, 4, 0, false, kA100));
+    EXPECT_FALSE(route(bf, bf, 128, 128, 4, kernels::kRope, false, kA100));
+    EXPECT_FALSE(route(f16, bf, 128, 128, 4, 0, false, kA100));
+    EXPECT_FALSE(route(DType::f32, DType::f32, 128, 128, 4, 0, false, kA100));
     // Head dims the prefill kernels do not take stay on the decode kernels (and their errors).
-    EXPECT_FALSE(route(bf, bf, 512, 512, 4, 0, false, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 128, 320, 4, 0, false, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 72, 72, 4, 0, false, true, kA100));
-    // A device-resident page table stays on the decode kernels, which read it in place.
-    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, false, kA100));
+    EXPECT_FALSE(route(bf, bf, 512, 512, 4, 0, false, kA100));
+    EXPECT_FALSE(route(bf, bf, 128, 320, 4, 0, false, kA100));
+    EXPECT_FALSE(route(bf, bf, 72, 72, 4, 0, false, kA100));
+    // The page table's place does not matter: both kernel families read device ids in place.
     // A prefill kernel that would not fit the device's shared memory.
-    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, true, 16 * 1024));
+    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, 16 * 1024));
   }
   {
     DecodeKernelEnv env("prefill");
-    EXPECT_TRUE(route(bf, bf, 128, 128, 1, 0, true, true, kA100));
-    EXPECT_TRUE(route(bf, e4, 128, 128, 4, kernels::kRope, true, true, kA100));
-    EXPECT_FALSE(route(DType::f32, DType::f32, 128, 128, 4, 0, true, true, kA100));  // unsupported there
-    EXPECT_FALSE(route(bf, bf, 512, 512, 4, 0, true, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 128, 120, 4, 0, true, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, true, false, kA100));
+    EXPECT_TRUE(route(bf, bf, 128, 128, 1, 0, true, kA100));
+    EXPECT_TRUE(route(bf, e4, 128, 128, 4, kernels::kRope, true, kA100));
+    EXPECT_FALSE(route(DType::f32, DType::f32, 128, 128, 4, 0, true, kA100));  // unsupported there
+    EXPECT_FALSE(route(bf, bf, 512, 512, 4, 0, true, kA100));
+    EXPECT_FALSE(route(bf, bf, 128, 120, 4, 0, true, kA100));
     // hd 256, group 64: the 64-token KV tile needs 200 KB; A100 (163 KB) takes it with 32-token
     // tiles (137 KB), Ada (99 KB) not at all.
-    EXPECT_TRUE(route(bf, bf, 256, 256, 64, 0, true, true, kA100));
-    EXPECT_FALSE(route(bf, bf, 256, 256, 64, 0, true, true, kAda));
+    EXPECT_TRUE(route(bf, bf, 256, 256, 64, 0, true, kA100));
+    EXPECT_FALSE(route(bf, bf, 256, 256, 64, 0, true, kAda));
   }
   for (const char* kernel : {"mma", "transposed", "bulk"}) {
     DecodeKernelEnv env(kernel);
-    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, true, kA100)) << kernel;
+    EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, kA100)) << kernel;
   }
   DecodeKernelEnv env("prefil");
-  EXPECT_KVATTN_ERROR(route(bf, bf, 128, 128, 4, 0, false, true, kA100),
+  EXPECT_KVATTN_ERROR(route(bf, bf, 128, 128, 4, 0, false, kA100),
                       "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not 'prefil'");
 }
 

@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "support/attention_case.h"
 #include "support/device_mirror.h"
 #include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
+#include "support/scoped_env.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -46,12 +49,57 @@ TEST(GpuPageTable, DeviceResidentIdsMatchTheReference) {
       }
 }
 
+// BatchPrefill and BatchDecode on the prefill kernels read device ids in place too: paged
+// prefill and append (causal, bottom-right), page sizes 1, 5 and 16, split and unsplit rows,
+// bf16 and fp8 KV.
+TEST(GpuPageTable, PrefillKernelsReadDeviceIdsInPlace) {
+  SKIP_WITHOUT_GPU();
+  for (DType kv : {DType::bf16, DType::e4m3})
+    for (int ps : {1, 5, 16})
+      for (int split : {0, 128}) {
+        KVATTN_CASE_RNG(rng);
+        SCOPED_TRACE(std::string(kvattn::dtype_name(kv)) + " page " + std::to_string(ps) + " split " +
+                     std::to_string(split));
+        AttnCase c;
+        c.on_gpu = true;
+        c.device_page_table = true;
+        c.q_dtype = DType::bf16;
+        c.kv_dtype = kv;
+        c.tolerance.accumulation = 0x1p-8;  // P rounded to bf16 for the MMA
+        c.variant = kvattn::variants::causal();
+        c.lens = {{17, 577}, {1, 1}, {rng.integer(1, 40), rng.integer(40, 700)}, {0, 33}, {127, 127}};
+        c.num_qo_heads = 8;
+        c.num_kv_heads = 2;
+        c.head_dim_qk = 64;
+        c.page_size = ps;
+        c.scheduler.fixed_split_size = split;
+        run_prefill_case(c, rng);
+
+        AttnCase d = c;  // decode on the prefill kernels
+        d.variant = kvattn::Variant{};
+        d.lens = {{1, 700}, {1, 1}, {1, rng.integer(2, 900)}};
+        ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
+        run_decode_case(d, rng);
+      }
+}
+
 #if KVATTN_WITH_CUDA
-// Runs a 3-request decode with request 1's page `bad_page` replaced by `bad_id` in the device
-// table and checks: the error names position and value, request 1's rows are NaN (LSE too),
-// requests 0 and 2 equal a run with the good table bit for bit, and the record clears.
-void check_bad_id(DType kv, int32_t bad_id, int split, Rng& rng) {
+// Which operation reads the device table: BatchDecode on its decode kernels, BatchDecode on the
+// prefill kernels (KVATTN_DECODE_KERNEL=prefill), or BatchPrefill with 4, 9 and 2 queries.
+enum class Reader { decode, decode_on_prefill_kernels, prefill };
+const char* reader_name(Reader r) {
+  return r == Reader::decode ? "decode" : r == Reader::prefill ? "prefill" : "decode on the prefill kernels";
+}
+
+// Runs 3 requests with request 1's page `bad_page` replaced by `bad_id` in the device table and
+// checks: the error names position and value, request 1's rows are NaN (LSE too; every row of
+// request 1 reads that page), requests 0 and 2 equal a run with the good table bit for bit, and
+// the record clears.
+void check_bad_id(Reader reader, DType kv, int32_t bad_id, int split, Rng& rng) {
   const int hq = 8, hkv = 2, D = 64, P = 16;
+  std::optional<ScopedEnv> route;
+  if (reader != Reader::prefill)
+    route.emplace("KVATTN_DECODE_KERNEL", reader == Reader::decode ? nullptr : "prefill");
   PagedKVSpec spec{{300, 1000, 77}, P, hkv, D, D, kv, kvattn::KVLayout::NHD, false, false, false, 2};
   PagedKV pool(spec, rng);
   for (size_t b = 0; b < 3; ++b)
@@ -61,35 +109,57 @@ void check_bad_id(DType kv, int32_t bad_id, int split, Rng& rng) {
           pool.set_k(b, t, h, e, rng.normal());
           pool.set_v(b, t, h, e, rng.uniform(-1, 1));
         }
-  HostTensor q(DType::bf16, {3, hq, D}), out(DType::bf16, {3, hq, D}), lse(DType::f32, {3, hq});
+  const std::vector<int32_t> qo_indptr = reader == Reader::prefill ? std::vector<int32_t>{0, 4, 13, 15}
+                                                                   : std::vector<int32_t>{0, 1, 2, 3};
+  const int64_t rows = qo_indptr.back();
+  HostTensor q(DType::bf16, {rows, hq, D}), out(DType::bf16, {rows, hq, D}), lse(DType::f32, {rows, hq});
   for (int64_t i = 0; i < q.numel(); ++i) q.set_at(i, rng.normal());
-  HostTensor good_out = out, good_lse = lse;
+  HostTensor good_out = out, good_lse = lse, qo = int32_tensor(qo_indptr);
   DeviceMirror dk(pool.k), dv(pool.v), dq(q), dindices(pool.indices);
   const auto cache = kvattn::PagedKVCache::split(dk.view(), dv.view(), kvattn::KVLayout::NHD);
   DeviceBytes ws(int64_t(16) << 20);
-  kvattn::BatchDecode op(ws.view());
-  kvattn::BatchDecodePlan p;
-  p.num_qo_heads = hq;
-  p.num_kv_heads = hkv;
-  p.head_dim_qk = D;
-  p.kv_dtype = kv;
-  p.page_size = P;
-  p.scheduler.fixed_split_size = split;
-  p.page_table = pool.table();
-  p.page_table.indices = dindices.view();
-  op.plan(p);
+  kvattn::AttentionShape shape;
+  shape.num_qo_heads = hq;
+  shape.num_kv_heads = hkv;
+  shape.head_dim_qk = D;
+  shape.kv_dtype = kv;
+  kvattn::PageTable table = pool.table();
+  table.indices = dindices.view();
+  kvattn::BatchDecode decode(ws.view());
+  kvattn::BatchPrefill prefill(ws.view());
+  if (reader == Reader::prefill) {
+    kvattn::BatchPrefillPlan p;
+    static_cast<kvattn::AttentionShape&>(p) = shape;
+    p.qo_indptr = qo.view();
+    p.page_table = table;
+    p.page_size = P;
+    p.scheduler.fixed_split_size = split;
+    prefill.plan(p);
+  } else {
+    kvattn::BatchDecodePlan p;
+    static_cast<kvattn::AttentionShape&>(p) = shape;
+    p.page_table = table;
+    p.page_size = P;
+    p.scheduler.fixed_split_size = split;
+    decode.plan(p);
+  }
+  auto check_errors = [&] { reader == Reader::prefill ? prefill.check_errors() : decode.check_errors(); };
 
   auto run = [&](HostTensor& o, HostTensor& l) {
     o.poison();
     l.poison();
     DeviceMirror d_o(o), d_l(l);
-    op.run(dq.view(), cache, d_o.view(), d_l.view());
+    if (reader == Reader::prefill)
+      prefill.run(dq.view(), cache, d_o.view(), d_l.view());
+    else
+      decode.run(dq.view(), cache, d_o.view(), d_l.view());
     device_synchronize();
     d_o.copy_back(o);
     d_l.copy_back(l);
   };
   run(good_out, good_lse);
-  op.check_errors();  // clean
+  check_errors();  // clean
+  for (int64_t i = 0; i < good_out.numel(); ++i) ASSERT_TRUE(std::isfinite(good_out.get_at(i))) << "element " << i;
 
   const int64_t pos = as_int32(pool.indptr)[1] + 40;  // request 1, page 40 of 63
   auto* slot = static_cast<int32_t*>(const_cast<void*>(dindices.view().data())) + pos;
@@ -97,22 +167,26 @@ void check_bad_id(DType kv, int32_t bad_id, int split, Rng& rng) {
   ASSERT_EQ(cudaMemcpy(&good_id, slot, 4, cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(slot, &bad_id, 4, cudaMemcpyHostToDevice), cudaSuccess);
   run(out, lse);  // no re-plan: the kernels read the table in place
-  EXPECT_KVATTN_ERROR(op.check_errors(), "kv_indices[" + std::to_string(pos) + "] = " + std::to_string(bad_id) +
-                                             " is out of range [0, " + std::to_string(pool.num_pages()) + ")");
-  op.check_errors();  // the record was cleared
-  for (int h = 0; h < hq; ++h) {
-    EXPECT_TRUE(std::isnan(lse.get({1, h}))) << "head " << h;
-    for (int e = 0; e < D; ++e) ASSERT_TRUE(std::isnan(out.get({1, h, e}))) << "head " << h << " dim " << e;
-    for (int b : {0, 2}) {
-      EXPECT_EQ(lse.get({b, h}), good_lse.get({b, h})) << "request " << b << " head " << h;
-      for (int e = 0; e < D; ++e)
-        ASSERT_EQ(out.get({b, h, e}), good_out.get({b, h, e})) << "request " << b << " head " << h;
+  EXPECT_KVATTN_ERROR(check_errors(), "kv_indices[" + std::to_string(pos) + "] = " + std::to_string(bad_id) +
+                                          " is out of range [0, " + std::to_string(pool.num_pages()) + ")");
+  check_errors();  // the record was cleared
+  for (int64_t row = 0; row < rows; ++row) {
+    const bool poisoned = row >= qo_indptr[1] && row < qo_indptr[2];
+    for (int h = 0; h < hq; ++h) {
+      if (poisoned) {
+        EXPECT_TRUE(std::isnan(lse.get({row, h}))) << "row " << row << " head " << h;
+        for (int e = 0; e < D; ++e) ASSERT_TRUE(std::isnan(out.get({row, h, e}))) << "row " << row << " head " << h;
+      } else {
+        EXPECT_EQ(lse.get({row, h}), good_lse.get({row, h})) << "row " << row << " head " << h;
+        for (int e = 0; e < D; ++e)
+          ASSERT_EQ(out.get({row, h, e}), good_out.get({row, h, e})) << "row " << row << " head " << h;
+      }
     }
   }
   // Restored, the same plan runs clean again.
   ASSERT_EQ(cudaMemcpy(slot, &good_id, 4, cudaMemcpyHostToDevice), cudaSuccess);
   run(out, lse);
-  op.check_errors();
+  check_errors();
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(out.get_at(i), good_out.get_at(i)) << "element " << i;
 }
 #endif
@@ -120,14 +194,15 @@ void check_bad_id(DType kv, int32_t bad_id, int split, Rng& rng) {
 TEST(GpuPageTable, OutOfRangeIdIsReportedAndPoisonsOnlyItsRequest) {
   SKIP_WITHOUT_GPU();
 #if KVATTN_WITH_CUDA
-  for (DType kv : {DType::bf16, DType::e5m2})  // tensor-core and CUDA-core kernels
-    for (int32_t bad : {-3, 1 << 20})
-      for (int split : {0, 256}) {  // split: the poison must survive the merge kernel
-        KVATTN_CASE_RNG(rng);
-        SCOPED_TRACE(std::string(kvattn::dtype_name(kv)) + " id " + std::to_string(bad) + " split " +
-                     std::to_string(split));
-        check_bad_id(kv, bad, split, rng);
-      }
+  for (Reader reader : {Reader::decode, Reader::decode_on_prefill_kernels, Reader::prefill})
+    for (DType kv : {DType::bf16, DType::e5m2})  // decode: tensor-core and CUDA-core kernels
+      for (int32_t bad : {-3, 1 << 20})
+        for (int split : {0, 256}) {  // split: the poison must survive the merge kernel
+          KVATTN_CASE_RNG(rng);
+          SCOPED_TRACE(std::string(reader_name(reader)) + " " + std::string(kvattn::dtype_name(kv)) + " id " +
+                       std::to_string(bad) + " split " + std::to_string(split));
+          check_bad_id(reader, kv, bad, split, rng);
+        }
 #endif
 }
 
@@ -159,7 +234,7 @@ TEST(GpuPageTable, DeviceIdsNeedAGpuWorkspace) {
   kvattn::BatchDecodePlan p = small_decode_plan(
       {ti.view(), kvattn::TensorView(&fake, DType::i32, {1}, kvattn::Device::cuda(0)), tl.view()});
   kvattn::BatchDecode cpu_op;
-  EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0; only BatchDecode with a CUDA workspace");
+  EXPECT_KVATTN_ERROR(cpu_op.plan(p), "kv_indices is on cuda:0; only BatchDecode and BatchPrefill with a CUDA workspace");
   HostTensor qo = int32_tensor({0, 1});
   kvattn::BatchPrefillPlan pp = as_prefill_plan(p, qo);
   kvattn::BatchPrefill prefill;

@@ -99,7 +99,9 @@ class BatchPrefill {
   BatchPrefill& operator=(BatchPrefill&&) noexcept;
 
   // With a CUDA workspace, plan() stages the work list, index arrays and custom mask into it on
-  // `stream` (a cudaStream_t; null: the default stream) and run() only launches.
+  // `stream` (a cudaStream_t; null: the default stream) and run() only launches. As with
+  // BatchDecode, the page table's indices may live on the workspace's device: plan() then reads
+  // only indptr and last_page_len, and the kernels read (and check) the ids in place.
   void plan(const BatchPrefillPlan& params, void* stream = nullptr);
   // Paged KV (the plan must have a page table).
   void run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
@@ -107,6 +109,10 @@ class BatchPrefill {
   // Ragged KV (the plan must have kv_indptr).
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const TensorView& lse = {}, void* stream = nullptr) const;
+  // As BatchDecode::check_errors(): a device-resident page id outside [0, num_pages) is never
+  // read through, the rows of every work item whose KV range holds it come out NaN (a request's
+  // rows whose keys never reach that page may stay finite), and the first one is named here.
+  void check_errors(void* stream = nullptr) const;
 
   // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
   // inspection and tests; null before plan().

@@ -55,18 +55,19 @@ void plan_custom_mask(AttentionPlan& plan, const TensorView& mask, const TensorV
   plan.variant.mask_indptr = plan.mask_indptr.data();
 }
 
-// Validates and records a page table. for_gpu_decode: the page ids are not copied into the plan
-// (the GPU decode runner stages host ids itself) and may live on the device.
+// Validates and records a page table. for_gpu: the ids may live on the workspace's device, and
+// host ids are not copied into the plan (the GPU decode runner stages them from the table itself;
+// the prefill paths copy them when they need them).
 validate::PageTableInfo plan_page_table(AttentionPlan& plan, const PageTable& table, int page_size,
-                                        bool for_gpu_decode = false) {
-  auto info = validate::page_table(table, page_size, -1, for_gpu_decode);
+                                        bool for_gpu = false) {
+  auto info = validate::page_table(table, page_size, -1, for_gpu);
   plan.page_size = page_size;
   plan.kv_indptr.assign(info.indptr.begin(), info.indptr.end());
   plan.last_page_len.assign(info.last_page_len.begin(), info.last_page_len.end());
   plan.kv_len.resize(size_t(info.batch_size));
   for (int64_t b = 0; b < info.batch_size; ++b)
     plan.kv_len[size_t(b)] = validate::paged_kv_len(info, page_size, b);
-  plan.device_kv_indices = info.device_indices != nullptr;
+  plan.device_kv_indices = info.device_indices;
   info.indices = info.indices.first(plan.device_kv_indices ? 0 : size_t(info.indptr.back()));
   // One pass for the smallest and largest id (the run checks the largest against the cache).
   int32_t lo = 0, hi = -1;
@@ -79,8 +80,14 @@ validate::PageTableInfo plan_page_table(AttentionPlan& plan, const PageTable& ta
   }
   KVATTN_CHECK(lo_pos < 0, "kv_indices[", lo_pos, "] = ", lo, " is out of range [0, num_pages)");
   plan.max_page_index = hi;
-  if (!for_gpu_decode) plan.kv_indices.assign(info.indices.begin(), info.indices.end());
+  if (!for_gpu) plan.kv_indices.assign(info.indices.begin(), info.indices.end());
   return info;
+}
+
+// A device-resident table must live where the kernels run.
+void check_table_device(const validate::PageTableInfo& table, const TensorView& workspace) {
+  KVATTN_CHECK(!table.device_indices || table.indices_device == workspace.device(), "kv_indices is on ",
+               table.indices_device.str(), " but the workspace is on ", workspace.device().str());
 }
 
 // ---- run-time checks --------------------------------------------------------------------------
@@ -281,8 +288,7 @@ void run_cpu(const AttentionPlan& plan, const cpu::EngineProblem& p, const Tenso
 // ---- GPU decode -------------------------------------------------------------------------------
 // BatchDecode's choice between the decode kernels and the prefill kernels
 // (cuda::decode_uses_prefill_kernels documents the heuristic).
-bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& workspace,
-                               const validate::PageTableInfo& table) {
+bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& workspace) {
 #if KVATTN_WITH_CUDA
   validate::gpu_workspace(workspace);
   const auto& s = plan.shape;
@@ -290,10 +296,10 @@ bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& work
   const bool bulk = cuda::device_has_bulk_decode(device);  // throws without a CUDA device
   return cuda::decode_uses_prefill_kernels(s.q_dtype, s.kv_dtype, s.head_dim_qk, s.head_dim_vo,
                                            s.num_qo_heads / s.num_kv_heads, plan.variant.features, plan.page_size,
-                                           bulk, table.device_indices == nullptr,
+                                           bulk,
                                            int64_t(cuda::device_info(device).max_smem_per_block_optin));
 #else
-  (void)plan; (void)workspace; (void)table;
+  (void)plan; (void)workspace;
   return false;  // plan_decode_gpu says why there is no GPU path
 #endif
 }
@@ -303,8 +309,6 @@ void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const T
                      void* stream) {
 #if KVATTN_WITH_CUDA
   validate::gpu_workspace(workspace);
-  KVATTN_CHECK(!table.device_indices || table.indices_device == workspace.device(), "kv_indices is on ",
-               table.indices_device.str(), " but the workspace is on ", workspace.device().str());
   plan.gpu_decode = previous && previous->gpu_decode ? previous->gpu_decode
                                                      : std::make_shared<cuda::DecodeRunner>();
   std::vector<int32_t> kv_len(plan.kv_len.begin(), plan.kv_len.end());
@@ -406,13 +410,14 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   if (gpu) {
     plan->scheduler = params.scheduler;
-    const bool on_prefill = decode_on_prefill_kernels(*plan, workspace_, table);
+    check_table_device(table, workspace_);
+    const bool on_prefill = decode_on_prefill_kernels(*plan, workspace_);
     KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !(plan_->gpu_prefill || plan_->gpu_decode) ||
                      (plan_->gpu_prefill != nullptr) == on_prefill,
                  "BatchDecode in CUDA-graph mode cannot move from the ", on_prefill ? "decode" : "prefill",
                  " kernels to the ", on_prefill ? "prefill" : "decode",
-                 " kernels between plans (a captured run() replays the kernels it captured); the page table "
-                 "moved between host and device, or KVATTN_DECODE_KERNEL changed");
+                 " kernels between plans (a captured run() replays the kernels it captured); "
+                 "KVATTN_DECODE_KERNEL changed");
     if (on_prefill) {
       plan->kv_indices.assign(table.indices.begin(), table.indices.end());
       detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
@@ -442,9 +447,7 @@ void BatchDecode::check_errors(void* stream) const {
   check_plan(plan_, "BatchDecode");
 #if KVATTN_WITH_CUDA
   if (plan_->gpu_decode) plan_->gpu_decode->check_errors(static_cast<cudaStream_t>(stream));
-  // On the prefill kernels (host page ids, checked at plan()) there is no error record: wait only.
-  if (plan_->gpu_prefill)
-    cuda::check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for BatchDecode's runs");
+  if (plan_->gpu_prefill) plan_->gpu_prefill->check_errors(static_cast<cudaStream_t>(stream));
 #else
   (void)stream;
 #endif
@@ -474,7 +477,12 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
     KVATTN_CHECK(!params.kv_indptr.defined(),
                  "give either kv_indptr (ragged KV) or page_table (paged KV), not both");
     plan->kind = KVKind::paged;
-    plan_page_table(*plan, *params.page_table, params.page_size);
+    const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
+    const auto table = plan_page_table(*plan, *params.page_table, params.page_size, gpu);
+    if (gpu) {
+      check_table_device(table, workspace_);
+      plan->kv_indices.assign(table.indices.begin(), table.indices.end());  // empty for device ids
+    }
   } else {
     KVATTN_CHECK(params.kv_indptr.defined(),
                  "BatchPrefill needs kv_indptr (ragged KV) or page_table (paged KV)");
@@ -552,6 +560,15 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
     p.requests.push_back(r);
   }
   run_cpu(plan, p, workspace_);
+}
+
+void BatchPrefill::check_errors(void* stream) const {
+  check_plan(plan_, "BatchPrefill");
+#if KVATTN_WITH_CUDA
+  if (plan_->gpu_prefill) plan_->gpu_prefill->check_errors(static_cast<cudaStream_t>(stream));
+#else
+  (void)stream;
+#endif
 }
 
 const Plan* BatchPrefill::schedule() const {

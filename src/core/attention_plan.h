@@ -47,9 +47,9 @@ struct AttentionPlan {
   int64_t bsr_M = 0, bsr_N = 0, bsr_R = 1, bsr_C = 1;
   int64_t max_page_index = -1;         // largest page id referenced (checked against the cache)
   int64_t max_page_pos = -1;           // its position in kv_indices
-  // GPU decode: kv_indices is not copied into the plan (host arrays go straight to the device
-  // workspace; a device-resident table is read in place and checked by the kernels).
-  bool device_kv_indices = false;
+  // A device-resident page table (GPU paths only): read in place and checked by the kernels;
+  // kv_indices is then empty. Null: host ids.
+  const int32_t* device_kv_indices = nullptr;
   // The CPU backend's schedule (src/cpu/plan_executor.h) and the options it was made with.
   SchedulerOptions scheduler;
   std::optional<Plan> cpu_work;

@@ -49,6 +49,7 @@ void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const 
   pr.qo_indptr = plan.qo_indptr;
   pr.kv_indptr = plan.kv_indptr;
   pr.kv_indices = plan.kv_indices;
+  pr.device_kv_indices = plan.device_kv_indices;
   pr.kv_last_page_len = plan.last_page_len;
   pr.kv_len = kv_len;
   pr.custom_mask = plan.custom_mask;
@@ -88,6 +89,7 @@ void run_prefill_gpu(const AttentionPlan& plan, const TensorView& q, const Paged
     t.v_stride_page = paged->v.stride(0);
     t.v_stride_token = paged->v_token_stride();
     t.v_stride_head = paged->v_head_stride();
+    t.num_pages = paged->num_pages();
   } else {
     t.k = k->data();
     t.v = v->data();

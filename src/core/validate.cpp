@@ -92,8 +92,8 @@ PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages,
   int64_t num_indices = 0;
   if (t.indices.defined() && !t.indices.device().is_cpu()) {
     KVATTN_CHECK(device_indices_ok, "kv_indices is on ", t.indices.device().str(),
-                 "; only BatchDecode with a CUDA workspace reads a device-resident page table, "
-                 "pass a host (cpu) array here");
+                 "; only BatchDecode and BatchPrefill with a CUDA workspace read a device-resident page "
+                 "table, pass a host (cpu) array here");
     ndim("kv_indices", t.indices, 1);
     dtype("kv_indices", t.indices, DType::i32);
     KVATTN_CHECK(t.indices.size(0) <= 1 || t.indices.stride(0) == 1,

@@ -180,15 +180,12 @@ bool decode_batch_is_skewed(std::span<const int32_t> kv_len) {
 }
 
 bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
-                                 uint32_t features, int page_size, bool bulk_copies, bool host_page_table,
-                                 int64_t max_smem_per_block) {
+                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block) {
   const char* env = std::getenv("KVATTN_DECODE_KERNEL");
   const std::string kernel = env ? env : "";
   KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
                "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
-  // The prefill runner stages page ids from the host; a device-resident table stays on the
-  // decode kernels, which read it in place.
-  if (!host_page_table || (!kernel.empty() && kernel != "prefill")) return false;
+  if (!kernel.empty() && kernel != "prefill") return false;
   // Only problems the prefill kernels take and whose kernel fits the device's shared memory;
   // the others stay on the decode kernels (and get their errors).
   auto head_dim_ok = [](int d) { return d >= 16 && d <= 256 && d % 16 == 0; };

@@ -75,15 +75,14 @@ int decode_smem_bytes(const DecodeKernelConfig& c);
 // Whether BatchDecode runs as a batch prefill of one query per request on the mma.sync prefill
 // kernels, which pack the GQA group into the M tile, instead of on a decode kernel. Yes where the
 // decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE, a device
-// without bulk copies), the group has 4 to 16 heads, the page table is on the host, and the
-// prefill kernels take the head dims and dtypes with a kernel that fits max_smem_per_block. Why:
-// on the H200 with the cp.async kernel forced, the prefill kernels decoded 10-17% faster (64 x
-// 4096 and the skewed batches, 32/8; docs/PERFORMANCE.md), while the bulk-copy kernel of sm_90+
-// is as fast or faster than them. KVATTN_DECODE_KERNEL=prefill forces the prefill kernels (with
-// a host page table), =mma|transposed|bulk the decode kernels.
+// without bulk copies), the group has 4 to 16 heads, and the prefill kernels take the head dims
+// and dtypes with a kernel that fits max_smem_per_block. The page table may be on the host or the
+// device (both kernel families read device ids in place). Why: on the H200 with the cp.async
+// kernel forced, the prefill kernels decoded 10-17% faster (64 x 4096 and the skewed batches,
+// 32/8; docs/PERFORMANCE.md), while the bulk-copy kernels of sm_90+ are as fast or faster than
+// them. KVATTN_DECODE_KERNEL=prefill forces the prefill kernels, =mma|transposed|bulk the decode kernels.
 bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
-                                 uint32_t features, int page_size, bool bulk_copies, bool host_page_table,
-                                 int64_t max_smem_per_block);
+                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block);
 KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch);
 // The merge of split rows for the same output dtype, head dim and softmax/sigmoid choice.
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch);

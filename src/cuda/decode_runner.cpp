@@ -28,7 +28,7 @@ static_assert(sizeof(DeviceMergeEntry) == sizeof(MergeEntry) &&
 
 namespace {
 constexpr int64_t kAlign = 256;
-constexpr int64_t kErrorWords = 4;  // DecodeParams::error: flag, position, value, num_pages
+constexpr int64_t kErrorWords = kPageErrorWords;  // DecodeParams::error
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the plan's sections in the workspace: the partial states (sized by the
@@ -336,15 +336,7 @@ const DecodeRunner::TensorMaps& DecodeRunner::tensor_maps(const PagedCacheView& 
 void DecodeRunner::check_errors(cudaStream_t stream) const {
   KVATTN_CHECK(kernel_ != nullptr, "BatchDecode.check_errors() was called before plan()");
   DeviceGuard guard(device_);
-  int32_t rec[kErrorWords] = {};
-  check(cudaMemcpyAsync(rec, base_.error, sizeof(rec), cudaMemcpyDeviceToHost, stream),
-        "reading the decode error record");
-  check(cudaStreamSynchronize(stream), "waiting for the decode runs");
-  if (rec[0] == 0) return;
-  check(cudaMemsetAsync(base_.error, 0, sizeof(rec), stream), "clearing the decode error record");
-  check(cudaStreamSynchronize(stream), "clearing the decode error record");
-  detail::throw_error("kv_indices[", rec[1], "] = ", rec[2], " is out of range [0, ", rec[3],
-                      ") (found by a decode run on the device; the rows of its request came out NaN)");
+  check_page_error_record(base_.error, stream, "decode");
 }
 
 }  // namespace kvattn::cuda

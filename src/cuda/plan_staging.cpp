@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cuda/runtime.h"
+#include "kvattn/error.h"
 
 namespace kvattn::cuda {
 
@@ -58,6 +59,17 @@ int64_t stage_items_round_robin(const Plan& plan, int workers, int64_t capacity,
 void stage_merges(const Plan& plan, MergeEntry* merges, int64_t capacity) {
   if (!plan.merges().empty()) std::memcpy(merges, plan.merges().data(), plan.merges().size_bytes());
   for (int64_t i = plan.num_merges(); i < capacity; ++i) merges[i] = MergeEntry{-1, 0, 0, 0, 0, 0};
+}
+
+void check_page_error_record(int32_t* record, cudaStream_t stream, const char* who) {
+  int32_t rec[kPageErrorWords] = {};
+  check(cudaMemcpyAsync(rec, record, sizeof(rec), cudaMemcpyDeviceToHost, stream), "reading the page-id error record");
+  check(cudaStreamSynchronize(stream), "waiting for the runs");
+  if (rec[0] == 0) return;
+  check(cudaMemsetAsync(record, 0, sizeof(rec), stream), "clearing the page-id error record");
+  check(cudaStreamSynchronize(stream), "clearing the page-id error record");
+  detail::throw_error("kv_indices[", rec[1], "] = ", rec[2], " is out of range [0, ", rec[3], ") (found by a ", who,
+                      " run on the device; the rows that read it came out NaN)");
 }
 
 }  // namespace kvattn::cuda

@@ -45,4 +45,11 @@ int64_t stage_items_round_robin(const Plan& plan, int workers, int64_t capacity,
 // The merge table, then unused entries (request -1) up to `capacity`.
 void stage_merges(const Plan& plan, MergeEntry* merges, int64_t capacity);
 
+// The kernels' record of the first out-of-range page id (kernels/decode/params.cuh,
+// report_bad_page): flag, position in kv_indices, value, num_pages. plan() stages it as zeros.
+constexpr int64_t kPageErrorWords = 4;
+// Waits for `stream`; throws kvattn::Error naming the recorded id (and clears the record, on the
+// stream) when a run since the last plan() or check found one. `who`: "decode" or "prefill".
+void check_page_error_record(int32_t* record, cudaStream_t stream, const char* who);
+
 }  // namespace kvattn::cuda

@@ -24,7 +24,7 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
   int64_t items = 0, merges = 0, qo_indptr = 0, kv_indptr = 0, last_page_len = 0, mask_indptr = 0;
-  int64_t indices = 0, mask = 0, end = 0;
+  int64_t error = 0, indices = 0, mask = 0, end = 0;
 };
 }  // namespace
 
@@ -97,8 +97,10 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   L.kv_indptr = L.qo_indptr + (batch_cap + 1) * 4;
   L.last_page_len = L.kv_indptr + (batch_cap + 1) * 4;
   L.mask_indptr = L.last_page_len + batch_cap * 4;
-  L.indices = L.mask_indptr + (batch_cap + 1) * 4;
-  L.mask = L.indices + int64_t(pr.kv_indices.size()) * 4;
+  L.error = L.mask_indptr + (batch_cap + 1) * 4;
+  L.indices = L.error + kPageErrorWords * 4;
+  const int64_t staged_ids = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
+  L.mask = L.indices + staged_ids * 4;
   L.end = L.mask + (has_mask ? int64_t(pr.custom_mask.size()) : 0);
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
@@ -116,8 +118,9 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   copy_ints(L.kv_indptr, pr.kv_indptr);
   if (pr.paged) {
     copy_ints(L.last_page_len, pr.kv_last_page_len);
-    copy_ints(L.indices, pr.kv_indices);
+    if (!pr.device_kv_indices) copy_ints(L.indices, pr.kv_indices);
   }
+  std::memset(host + L.error, 0, kPageErrorWords * 4);
   if (has_mask) {
     copy_ints(L.mask_indptr, pr.mask_indptr);
     if (!pr.custom_mask.empty()) std::memcpy(host + L.mask, pr.custom_mask.data(), pr.custom_mask.size());
@@ -128,7 +131,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   kernels::PrefillParams b{};
   b.qo_indptr = reinterpret_cast<const int32_t*>(ws + L.qo_indptr);
   b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.kv_indptr);
-  b.kv_indices = reinterpret_cast<const int32_t*>(ws + L.indices);
+  b.kv_indices = pr.device_kv_indices ? pr.device_kv_indices : reinterpret_cast<const int32_t*>(ws + L.indices);
+  b.error = reinterpret_cast<int32_t*>(ws + L.error);
   b.kv_last_page_len = reinterpret_cast<const int32_t*>(ws + L.last_page_len);
   b.page_size = pr.page_size;
   b.items = reinterpret_cast<const DeviceWorkItem*>(ws + L.items);
@@ -165,6 +169,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   KVATTN_CHECK(merge_grid_y_ <= 65535, "the merge of this plan needs ", merge_grid_y_,
                " CTAs per entry, more than a grid's 65535 (query tile x group = ", rows, " rows)");
   workspace_used_ = L.end;
+  has_kv_tokens_ = std::any_of(pr.kv_len.begin(), pr.kv_len.end(), [](int32_t n) { return n > 0; });
   base_ = b;
   live_ ^= 1;
 }
@@ -190,6 +195,14 @@ void PrefillRunner::run(const PrefillTensors& t, cudaStream_t stream) const {
   p.v_stride_page = t.v_stride_page;
   p.v_stride_token = t.v_stride_token;
   p.v_stride_head = t.v_stride_head;
+  if (config_.paged) {
+    KVATTN_CHECK(t.num_pages <= INT32_MAX, "the paged cache has ", t.num_pages,
+                 " pages, more than the prefill kernels' int32 page ids address");
+    // A bad id is replaced by page 0 (and its rows poisoned), so a page must exist when any
+    // request has KV tokens.
+    KVATTN_CHECK(t.num_pages > 0 || !has_kv_tokens_, "the paged cache has no pages but the plan has KV tokens");
+    p.num_pages = int32_t(t.num_pages);
+  }
   void* args[] = {&p};
   if (grid_ == 0) return;  // nothing to compute
   check(cudaLaunchKernel(reinterpret_cast<const void*>(kernel_), dim3(unsigned(grid_), unsigned(head_chunks_)),
@@ -199,6 +212,12 @@ void PrefillRunner::run(const PrefillTensors& t, cudaStream_t stream) const {
     check(cudaLaunchKernel(reinterpret_cast<const void*>(merge_kernel_), dim3(unsigned(merge_grid_), unsigned(merge_grid_y_)),
                            dim3(kPrefillMergeThreads), args, 0, stream),
           "launching the prefill merge kernel");
+}
+
+void PrefillRunner::check_errors(cudaStream_t stream) const {
+  KVATTN_CHECK(kernel_ != nullptr, "BatchPrefill.check_errors() was called before plan()");
+  DeviceGuard guard(device_);
+  check_page_error_record(base_.error, stream, "prefill");
 }
 
 }  // namespace kvattn::cuda

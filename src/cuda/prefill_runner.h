@@ -28,6 +28,9 @@ struct PrefillProblem {
   // Validated host arrays: qo_indptr [B+1]; kv_indptr [B+1] (tokens, ragged; pages, paged);
   // paged: kv_indices, kv_last_page_len [B]; kv_len [B].
   std::span<const int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_len;
+  // Paged: the caller's device-resident page ids (kv_indices then empty), read and checked in
+  // place by the kernels; null: kv_indices are host ids, staged into the workspace.
+  const int32_t* device_kv_indices = nullptr;
   std::span<const uint8_t> custom_mask;      // with the kCustomMask feature
   std::span<const int32_t> mask_indptr;      // [B+1]
   SchedulerOptions scheduler;
@@ -48,6 +51,7 @@ struct PrefillTensors {
   const void* v;
   int64_t k_stride_page, k_stride_token, k_stride_head;
   int64_t v_stride_page, v_stride_token, v_stride_head;
+  int64_t num_pages = 0;  // paged: pages in the cache (ids outside [0, num_pages) are errors)
 };
 
 class PrefillRunner {
@@ -62,6 +66,9 @@ class PrefillRunner {
   void plan(const PrefillProblem& problem, void* workspace, int64_t workspace_bytes, int device,
             cudaStream_t stream);
   void run(const PrefillTensors& t, cudaStream_t stream) const;
+  // Waits for `stream`; throws when a run since the last plan() or check met a page id outside
+  // [0, num_pages) (kernels/prefill/params.cuh), and clears the record.
+  void check_errors(cudaStream_t stream) const;
 
   const Plan& schedule() const { return planners_[live_].current(); }
   const PrefillKernelConfig& config() const { return config_; }
@@ -78,6 +85,7 @@ class PrefillRunner {
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
   std::vector<int> active_;  // scratch of the round-robin staging
   int64_t grid_ = 0, merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
+  bool has_kv_tokens_ = false;  // some request of the plan has KV tokens
   kernels::PrefillParams base_{};  // the plan's part of the kernel parameters
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
 };

@@ -266,6 +266,8 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         dk.emplace(k_ragged);
         dv.emplace(v_ragged);
       }
+      std::optional<DeviceMirror> dindices;
+      if (c.device_page_table && paged) p.page_table->indices = dindices.emplace(paged->indices).view();
       kvattn::BatchPrefill op(workspace.view(), c.layout);
       op.plan(p);
       const kvattn::TensorView dlse_view = want_lse ? dlse.view() : kvattn::TensorView{};
@@ -280,6 +282,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         return;
       }
       run();
+      op.check_errors();  // a clean run reports nothing
       device_synchronize();
       dout.copy_back(out);
       dlse.copy_back(lse);

@@ -39,7 +39,7 @@ struct AttnCase {
   bool kv_aligned_strides = false;  // with strided: KV strides stay 16-byte multiples (GPU)
   std::string expect_error;  // non-empty: run() must throw kvattn::Error containing this
   bool on_gpu = false;   // run on cuda:0 (decode): inputs mirrored there, outputs copied back
-  bool device_page_table = false;  // on_gpu decode: kv_indices given as a device tensor
+  bool device_page_table = false;  // on_gpu, paged: kv_indices given as a device tensor
   kvattn::SchedulerOptions scheduler{};
   double mask_density = 0.7;  // custom mask: probability that a bit is set
   ComputeTolerance tolerance{};

@@ -88,8 +88,10 @@ struct DecodeParams {
 // The page id at position `pos` of kv_indices, or -1 when it lies outside [0, num_pages): then
 // nothing is read through it, the first such id is recorded in p.error (BatchDecode::
 // check_errors() reports it), and the caller poisons its rows with NaN. Page tables that live on
-// the device are never checked on the host, so this is their only guard.
-__device__ __forceinline__ void report_bad_page(const DecodeParams& p, int32_t pos, int32_t id) {
+// the device are never checked on the host, so this is their only guard. report_bad_page serves
+// the prefill kernels too (Params: DecodeParams or PrefillParams, whose error records match).
+template <class Params>
+__device__ __forceinline__ void report_bad_page(const Params& p, int32_t pos, int32_t id) {
   if (atomicCAS(p.error, 0, 1) == 0) {
     p.error[1] = pos;
     p.error[2] = id;

@@ -24,9 +24,14 @@ struct PrefillParams {
   int64_t v_stride_page, v_stride_token, v_stride_head;
   const int32_t* qo_indptr;         // [B + 1]
   const int32_t* kv_indptr;         // [B + 1]: tokens (ragged) or pages (paged)
-  const int32_t* kv_indices;        // paged
+  const int32_t* kv_indices;        // paged: the workspace's copy, or the caller's device-resident table
   const int32_t* kv_last_page_len;  // paged
   int32_t page_size;
+  // Paged: pages in the cache. An id outside [0, num_pages) is never read through: the first one
+  // is recorded in error [flag, position, value, num_pages] (BatchPrefill::check_errors() reports
+  // it) and the rows of every item whose KV range holds it come out NaN (decode/params.cuh).
+  int32_t num_pages;
+  int32_t* error;
 
   // The plan: CTA blockIdx.x runs items[blockIdx.x] (inactive padding exits).
   const DeviceWorkItem* items;

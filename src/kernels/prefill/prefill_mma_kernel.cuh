@@ -72,9 +72,10 @@ struct PrefillMmaKernel {
     if constexpr (C::kHasRope)
       for (int t = threadIdx.x; t < C::DQK / 2; t += C::kThreads)
         freq[t] = rope_frequency(p.variant, t, C::DQK, (C::FEATURES & kRopeLlama31) != 0);
+    bool bad_page = false;  // a page id was out of range: the item's rows come out NaN
     if constexpr (C::PAGED)
       for (int32_t st = 0; st < C::STAGES && st < n_tiles; ++st) {
-        IO::put_row_offsets(p, ring_ptr(st), tile_start(st), IO::fetch_page_id(p, it, tile_start(st)));
+        IO::put_row_offsets(p, ring_ptr(st), tile_start(st), IO::fetch_page_id(p, it, tile_start(st), bad_page));
       }
     __syncthreads();  // frequencies and page ids
     IO::load_q(p, it, qs, freq);
@@ -119,7 +120,7 @@ struct PrefillMmaKernel {
       issue(tile + C::STAGES - 1);
       int32_t next_id = 0;
       if constexpr (C::PAGED)
-        if (tile + C::STAGES < n_tiles) next_id = IO::fetch_page_id(p, it, tile_start(tile + C::STAGES));
+        if (tile + C::STAGES < n_tiles) next_id = IO::fetch_page_id(p, it, tile_start(tile + C::STAGES), bad_page);
 
       const int32_t tile0 = tile_start(tile);
       const char* ks_base = stage_ptr(tile);
@@ -152,7 +153,9 @@ struct PrefillMmaKernel {
           IO::put_row_offsets(p, ring_ptr(tile + C::STAGES), tile_start(tile + C::STAGES), next_id);
     }
     cp_async_wait<0>();
-    store(p, it, item, m, d, acc, row0, g, t4, c_exp);
+    bool poisoned = false;
+    if constexpr (C::PAGED) poisoned = __syncthreads_or(bad_page);
+    store(p, it, item, m, d, acc, row0, g, t4, c_exp, poisoned);
   }
 
   // S = Q K^T for the warp's MT x 16 rows and the tile's KV_TILE tokens.
@@ -238,10 +241,12 @@ struct PrefillMmaKernel {
     }
   }
 
-  // Normalises the thread's rows and writes o and lse, or the partial state of a split row.
+  // Normalises the thread's rows and writes o and lse, or the partial state of a split row
+  // (NaN when `poisoned`: the merge then makes the whole row NaN).
   static __device__ __forceinline__ void store(const PrefillParams& p, const ItemInfo& it, const DeviceWorkItem& item,
                                                const float (&m)[MT][2], float (&d)[MT][2],
-                                               const float (&acc)[MT][kND][4], int row0, int g, int t4, float c_exp) {
+                                               const float (&acc)[MT][kND][4], int row0, int g, int t4, float c_exp,
+                                               bool poisoned) {
     const int group = p.num_qo_heads / p.num_kv_heads;
     const bool aligned = (reinterpret_cast<uint64_t>(p.o) & (C::ODT == kF32 ? 7 : 3)) == 0 &&
                          ((p.o_stride_n | p.o_stride_h) & 1) == 0;
@@ -259,6 +264,7 @@ struct PrefillMmaKernel {
           scale = d[mt][r] > 0.0f ? p.variant.v_scale / d[mt][r] : 0.0f;
           lse = d[mt][r] > 0.0f ? m[mt][r] * c_exp + log2f(d[mt][r]) : -INFINITY;
         }
+        if (poisoned) scale = lse = __int_as_float(0x7fffffff);
         const int qo_head = it.head0 + row % C::GH;
         if (item.partial_slot < 0) {
           const int64_t orow = int64_t(it.q_row0 + it.q_begin + tq);

@@ -132,12 +132,19 @@ struct TileIO {
                               (int64_t(page_id) * p.v_stride_page + in_page * p.v_stride_token) * C::kKVBytes};
   }
 
-  // Thread i < KV_TILE returns the page of token tile0 + i (0 past the range).
+  // Thread i < KV_TILE returns the page of token tile0 + i (0 past the range). An id outside
+  // [0, num_pages) (a device-resident table is checked only here) is recorded, sets `bad` (the
+  // item's rows then come out NaN) and is replaced by page 0, which run() made sure exists.
   static __device__ __forceinline__ int32_t fetch_page_id(const PrefillParams& p, const ItemInfo& it,
-                                                          int32_t tile0) {
+                                                          int32_t tile0, bool& bad) {
     const int32_t tok = tile0 + int32_t(threadIdx.x);
     if (threadIdx.x >= C::KV_TILE || tok >= it.kv_end) return 0;
-    return p.kv_indices[it.kv_row0 + tok / page_size(p)];
+    const int32_t pos = it.kv_row0 + tok / page_size(p);
+    const int32_t id = p.kv_indices[pos];
+    if (id >= 0 && id < p.num_pages) return id;
+    report_bad_page(p, pos, id);
+    bad = true;
+    return 0;
   }
 
   // Issues the cp.async copies of the K (V = false) or V rows of tokens [tile0, tile0 + KV_TILE)
