@@ -58,6 +58,20 @@ std::vector<RegisteredKernel> decode_kernels() {
   return out;
 }
 
+// A prefill kernel, for a paged one its twin that reads a device-resident page table (ids checked
+// in the kernel), and its merge kernel unless already listed.
+void add_prefill_kernel(std::vector<RegisteredKernel>& out, const PrefillKernelConfig& c) {
+  out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
+  if (c.paged) {
+    PrefillKernelConfig d = c;
+    d.checked_ids = true;
+    out.push_back({d.name(), [d](const std::string& arch) { return prefill_spec(d, arch); }});
+  }
+  KernelSpec m = prefill_merge_spec(c, "sm_80");
+  auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
+  if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return prefill_merge_spec(c, arch); }});
+}
+
 // Prefill/append kernels of the same deployments: causal bf16/f16 prefill over ragged and paged
 // (page 16) KV for head dims 64/128/256 and 192x128, GQA group 4, long and short (append) query
 // runs; one of each variant family; fp8 KV.
@@ -65,11 +79,7 @@ std::vector<RegisteredKernel> prefill_kernels() {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
                  int page_size = 16) {
-    PrefillKernelConfig c = choose_prefill_config(q, kv, q, dqk, dvo, group, paged, page_size, features, qo);
-    out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
-    KernelSpec m = prefill_merge_spec(c, "sm_80");
-    auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
-    if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return prefill_merge_spec(c, arch); }});
+    add_prefill_kernel(out, choose_prefill_config(q, kv, q, dqk, dvo, group, paged, page_size, features, qo));
   };
   for (DType t : {DType::bf16, DType::f16})
     for (int hd : {64, 128, 256})
@@ -94,12 +104,8 @@ std::vector<RegisteredKernel> prefill_kernels() {
 std::vector<RegisteredKernel> prefill_bench_kernels() {
   std::vector<RegisteredKernel> out;
   auto add = [&](int hd, bool paged, int page_size, uint32_t features) {
-    PrefillKernelConfig c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, paged, page_size,
-                                                  features, 16384);
-    out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
-    KernelSpec m = prefill_merge_spec(c, "sm_80");
-    auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
-    if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return prefill_merge_spec(c, arch); }});
+    add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, paged, page_size,
+                                                  features, 16384));
   };
   for (int hd : {64, 128, 256})
     for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);

@@ -25,7 +25,7 @@ std::string PrefillKernelConfig::name() const {
   add("_s", std::to_string(stages));
   if (min_blocks > 1) add("_b", std::to_string(min_blocks));
   if (paged)
-    add("_paged", std::to_string(page_size));
+    add("_paged", std::to_string(page_size)), n += checked_ids ? "_dids" : "";
   else
     n += "_ragged";
   add("_f", std::to_string(features));
@@ -142,7 +142,8 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
                              ", " + std::to_string(c.m_tiles) + ", " + std::to_string(c.kv_tile) + ", " +
                              std::to_string(c.stages) + ", " + (c.paged ? "true" : "false") + ", " +
                              std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
-                             (c.fast_tanh ? "true" : "false") + ">";
+                             (c.fast_tanh ? "true" : "false") + ", " + (c.paged && c.checked_ids ? "true" : "false") +
+                             ">";
   spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
                 std::to_string(c.min_blocks) + ") " + spec.entry +

@@ -42,10 +42,15 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   // the choice depends on the capacity only, never on the batch.
   if (pr.scheduler.cuda_graph && !pr.one_query_per_request)
     max_qo = std::max<int64_t>(max_qo, pr.scheduler.cuda_graph->max_tokens);
-  const PrefillKernelConfig cfg =
+  PrefillKernelConfig cfg =
       choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
                             pr.paged, pr.page_size, pr.variant.features, max_qo,
                             int64_t(dev.max_smem_per_block_optin));
+  cfg.checked_ids = pr.paged && pr.device_kv_indices != nullptr;
+  KVATTN_CHECK(!pr.scheduler.cuda_graph || !kernel_ || config_.checked_ids == cfg.checked_ids,
+               "in CUDA-graph mode the page table cannot move between host and device between plans (a captured "
+               "run() replays the kernel it captured, which ", config_.checked_ids ? "checks" : "does not check",
+               " device page ids)");
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;

@@ -154,7 +154,10 @@ struct PrefillMmaKernel {
     }
     cp_async_wait<0>();
     bool poisoned = false;
-    if constexpr (C::PAGED) poisoned = __syncthreads_or(bad_page);
+    if constexpr (C::CHECK_IDS) {
+      poisoned = __syncthreads_or(bad_page);
+      if (poisoned) IO::report_first_bad_page(p, it);
+    }
     store(p, it, item, m, d, acc, row0, g, t4, c_exp, poisoned);
   }
 

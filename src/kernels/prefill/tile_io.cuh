@@ -15,12 +15,13 @@ namespace kvattn::kernels::prefill {
 // (rows r of the M tile: token r / GH, head r % GH); MT: 16-row MMA tiles per warp (each K/V
 // fragment read from shared memory feeds MT MMAs); PAGE: baked page size, 0 = read at run time;
 // FAST_TANH: soft-cap through tanh.approx.f32 instead of 1 - 2 / (1 + 2^(2x log2 e)).
+// CHECK_IDS: paged ids from a device-resident table, checked here (host ids were checked on the host).
 template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int MT_, int KV_TILE_,
-          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_>
+          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_, bool CHECK_IDS_ = false>
 struct PrefillConfig {
   static constexpr int DT = DT_, KVDT = KVDT_, ODT = ODT_, DQK = DQK_, DVO = DVO_, GH = GH_;
   static constexpr int WARPS = WARPS_, MT = MT_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
-  static constexpr bool PAGED = PAGED_, FAST_TANH = FAST_TANH_;
+  static constexpr bool PAGED = PAGED_, FAST_TANH = FAST_TANH_, CHECK_IDS = PAGED_ && CHECK_IDS_;
   static constexpr uint32_t FEATURES = FEATURES_;
   static_assert(DT == kF16 || DT == kBF16, "the tensor-core prefill computes in f16 or bf16");
   static_assert(KVDT == DT || KVDT == kE4M3 || KVDT == kE5M2, "KV is the q dtype or fp8");
@@ -132,19 +133,31 @@ struct TileIO {
                               (int64_t(page_id) * p.v_stride_page + in_page * p.v_stride_token) * C::kKVBytes};
   }
 
-  // Thread i < KV_TILE returns the page of token tile0 + i (0 past the range). An id outside
-  // [0, num_pages) (a device-resident table is checked only here) is recorded, sets `bad` (the
-  // item's rows then come out NaN) and is replaced by page 0, which run() made sure exists.
+  // Thread i < KV_TILE returns the page of token tile0 + i (0 past the range). With CHECK_IDS an
+  // id outside [0, num_pages) (a device-resident table is checked only here) sets `bad` (the
+  // item's rows then come out NaN; report_first_bad_page names it) and is replaced by page 0,
+  // which run() made sure exists.
   static __device__ __forceinline__ int32_t fetch_page_id(const PrefillParams& p, const ItemInfo& it,
                                                           int32_t tile0, bool& bad) {
     const int32_t tok = tile0 + int32_t(threadIdx.x);
     if (threadIdx.x >= C::KV_TILE || tok >= it.kv_end) return 0;
-    const int32_t pos = it.kv_row0 + tok / page_size(p);
-    const int32_t id = p.kv_indices[pos];
-    if (id >= 0 && id < p.num_pages) return id;
-    report_bad_page(p, pos, id);
-    bad = true;
-    return 0;
+    const int32_t id = p.kv_indices[it.kv_row0 + tok / page_size(p)];
+    if constexpr (!C::CHECK_IDS) return id;
+    const bool out_of_range = uint32_t(id) >= uint32_t(p.num_pages);
+    bad |= out_of_range;
+    return out_of_range ? 0 : id;
+  }
+  // The cold path after an item met a bad id: thread 0 records the first one of the item's pages.
+  static __device__ __noinline__ void report_first_bad_page(const PrefillParams& p, const ItemInfo& it) {
+    if (threadIdx.x != 0 || it.kv_end <= it.kv_begin) return;
+    const int32_t first = it.kv_row0 + it.kv_begin / page_size(p), last = it.kv_row0 + (it.kv_end - 1) / page_size(p);
+    for (int32_t pos = first; pos <= last; ++pos) {
+      const int32_t id = p.kv_indices[pos];
+      if (uint32_t(id) >= uint32_t(p.num_pages)) {
+        report_bad_page(p, pos, id);
+        return;
+      }
+    }
   }
 
   // Issues the cp.async copies of the K (V = false) or V rows of tokens [tile0, tile0 + KV_TILE)
