@@ -25,6 +25,21 @@ namespace {
 
 using kvattn::DType;
 
+// A GPU case of 8/2 heads, head dim 64, with its page ids on the device.
+AttnCase device_table_case(DType kv, int page_size, int split) {
+  AttnCase c;
+  c.on_gpu = true;
+  c.device_page_table = true;
+  c.q_dtype = DType::bf16;
+  c.kv_dtype = kv;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim_qk = 64;
+  c.page_size = page_size;
+  c.scheduler.fixed_split_size = split;
+  return c;
+}
+
 TEST(GpuPageTable, DeviceResidentIdsMatchTheReference) {
   SKIP_WITHOUT_GPU();
   // Both kernel families (tensor cores for bf16 KV, CUDA cores for fp8 and f32), page sizes 1 and
@@ -33,18 +48,9 @@ TEST(GpuPageTable, DeviceResidentIdsMatchTheReference) {
     for (int ps : {1, 16})
       for (int split : {0, 128}) {
         KVATTN_CASE_RNG(rng);
-        AttnCase c;
-        c.on_gpu = true;
-        c.device_page_table = true;
-        c.q_dtype = DType::bf16;
-        c.kv_dtype = kv;
+        AttnCase c = device_table_case(kv, ps, split);
         if (kv == DType::bf16) c.tolerance.accumulation = 0x1p-8;  // P rounded to bf16 for the MMA
         c.lens = {{1, 700}, {1, 0}, {1, 1}, {1, rng.integer(2, 900)}};
-        c.num_qo_heads = 8;
-        c.num_kv_heads = 2;
-        c.head_dim_qk = 64;
-        c.page_size = ps;
-        c.scheduler.fixed_split_size = split;
         run_decode_case(c, rng);
       }
 }
@@ -60,19 +66,10 @@ TEST(GpuPageTable, PrefillKernelsReadDeviceIdsInPlace) {
         KVATTN_CASE_RNG(rng);
         SCOPED_TRACE(std::string(kvattn::dtype_name(kv)) + " page " + std::to_string(ps) + " split " +
                      std::to_string(split));
-        AttnCase c;
-        c.on_gpu = true;
-        c.device_page_table = true;
-        c.q_dtype = DType::bf16;
-        c.kv_dtype = kv;
+        AttnCase c = device_table_case(kv, ps, split);
         c.tolerance.accumulation = 0x1p-8;  // P rounded to bf16 for the MMA
         c.variant = kvattn::variants::causal();
         c.lens = {{17, 577}, {1, 1}, {rng.integer(1, 40), rng.integer(40, 700)}, {0, 33}, {127, 127}};
-        c.num_qo_heads = 8;
-        c.num_kv_heads = 2;
-        c.head_dim_qk = 64;
-        c.page_size = ps;
-        c.scheduler.fixed_split_size = split;
         run_prefill_case(c, rng);
 
         AttnCase d = c;  // decode on the prefill kernels
