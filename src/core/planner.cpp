@@ -10,6 +10,7 @@
 // All buffers live in Planner::Scratch and the Plan, and are reused from one plan() to the next:
 // after the first call a plan of the same size or smaller allocates nothing.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <limits>
@@ -58,19 +59,64 @@ struct Assign {
   int32_t worker;
 };
 
-// Cut of a visible range of L tokens for split size S (kNoSplit: one chunk). With `balanced`, the
+// x / d for 0 <= x < 2^31 (token and tile counts) by a multiply and a shift: with s = 31 +
+// ceil(log2 d) and m = ceil(2^s / d) <= 2^32, x m stays below 2^63, and the rounding error
+// x (m - 2^s / d) / 2^s < 2^31 / 2^s <= 1 / d cannot carry the quotient past the next integer.
+// The planner's estimates cut every long request for every candidate: a division each was a
+// sixth of a skewed batch's plan().
+struct Divider {
+  uint64_t m = 1;
+  int s = 0;
+  constexpr Divider() = default;
+  constexpr explicit Divider(uint32_t d)
+      : m(((uint64_t(1) << (31 + std::bit_width(d - 1))) + d - 1) / d), s(31 + std::bit_width(d - 1)) {}
+  constexpr uint32_t operator()(uint32_t x) const { return uint32_t((x * m) >> s); }
+};
+// The chunk counts a balanced cut divides by are mostly small.
+constexpr auto kSmallDividers = [] {
+  std::array<Divider, 256> t{};
+  for (uint32_t d = 1; d < t.size(); ++d) t[d] = Divider(d);
+  return t;
+}();
+
+// Cuts of visible ranges of L tokens for split size S (kNoSplit: one chunk). With `balanced`, the
 // n = ceil(L / S) chunks have equal size rounded up to `align`; otherwise exactly S (fixed split).
-// Lengths are int32 token counts (checked on input), so the cuts divide in 32 bits (unsigned: the
-// planner's estimates run these divisions for every long request and candidate).
-inline Cut cut_range(int64_t L, int64_t S, int64_t align, bool balanced) {
-  if (L <= S) return {int32_t(L), 1};
-  const uint32_t l = uint32_t(L), s = uint32_t(S), a = uint32_t(align);
-  if (!balanced) return {int32_t(s), int32_t((l - 1) / s + 1)};
-  const uint32_t n = (l - 1) / s + 1;
-  uint32_t piece = (l - 1) / n + 1;
-  piece = (a & (a - 1)) == 0 ? (piece + a - 1) & ~(a - 1) : (piece + a - 1) / a * a;  // KV tiles: 2^k
-  return {int32_t(piece), int32_t((l - 1) / piece + 1)};
-}
+// Lengths are int32 token counts (checked on input).
+//
+// Balanced cuts (S a multiple of align, as the candidates are) count in KV tiles: the range is
+// u = ceil(L / a) tiles and S is m tiles, so n = ceil(u / m) chunks of q = ceil(u / n) tiles, the
+// last one shorter (ceil(ceil(x / y) / z) = ceil(x / (y z)) turns "ceil(L / n) rounded up to a"
+// into q a). Two shortcuts: q = m when n >= m (m n - u < m <= n), and the chunk count of q-tile
+// chunks, ceil(u / q), is n again ((n - 1) q <= (n - 1) m < u).
+class Cutter {
+ public:
+  Cutter(int64_t split, int64_t align, bool balanced)
+      : split_(split), a_(uint32_t(align)), balanced_(balanced) {
+    if (split >= kNoSplit) return;  // nothing is cut
+    if (balanced) {
+      m_ = uint32_t(split / align);
+      by_a_ = Divider(a_);
+      by_m_ = Divider(m_);
+    } else {
+      by_m_ = Divider(uint32_t(split));
+    }
+  }
+  Cut operator()(int64_t L) const {
+    if (L <= split_) return {int32_t(L), 1};
+    if (!balanced_) return {int32_t(split_), int32_t(by_m_(uint32_t(L - 1)) + 1)};
+    const uint32_t u = by_a_(uint32_t(L - 1)) + 1;
+    const uint32_t n = by_m_(u - 1) + 1;
+    uint32_t q = m_;
+    if (n < m_) q = (n < kSmallDividers.size() ? kSmallDividers[n](u - 1) : (u - 1) / n) + 1;
+    return {int32_t(q * a_), int32_t(n)};
+  }
+
+ private:
+  int64_t split_;
+  uint32_t a_, m_ = 0;
+  bool balanced_;
+  Divider by_a_, by_m_;
+};
 
 struct Estimate {
   int64_t total = 0;    // cost of one slice (all its heads)
@@ -83,7 +129,10 @@ struct Schedule {
   int32_t split = kNoSplit;
   std::vector<Cut> cuts;        // per group
   std::vector<Class> classes;   // chunks of split groups, longest first
+  std::vector<Class> classes_tmp;
+  std::vector<uint64_t> class_keys;
   std::vector<Assign> assigns;  // in assignment order
+  std::vector<std::pair<int64_t, size_t>> runs;  // assigns in runs of equal cost: (cost, count)
   std::vector<int64_t> loads;   // per local worker
   int64_t makespan = 0;
   int64_t total = 0;
@@ -104,10 +153,11 @@ struct Problem {
   CostModel cm;
 };
 
-// The least-loaded worker, kept by a tournament tree of packed keys (load << 20 | worker): leaves
-// are the workers (padded to a power of two with keys that never win), each inner node holds the
-// smaller key of its children, so the root is the least-loaded worker with the lowest index.
-// Adding to a worker's load replays its path to the root: log2(workers) branch-free minimums.
+// The least-loaded worker among many (more than kWindowWorkers), kept by a tournament tree of
+// packed keys (load << 20 | worker): leaves are the workers (padded to a power of two with keys
+// that never win), each inner node holds the smaller key of its children, so the root is the
+// least-loaded worker with the lowest index. Adding to a worker's load replays its path to the
+// root: log2(workers) branch-free minimums.
 constexpr int kWorkerBits = 20;
 constexpr int64_t kMaxWorkers = (int64_t(1) << kWorkerBits) - 1;
 constexpr int64_t kMaxLoad = (int64_t(1) << (63 - kWorkerBits)) - 1;
@@ -115,16 +165,26 @@ constexpr uint64_t kWorkerMask = (uint64_t(1) << kWorkerBits) - 1;
 
 struct WorkerTree {
   std::vector<uint64_t> node;
+  std::vector<uint64_t> idle;    // the tree of n idle workers, copied by reset
   std::vector<uint64_t> sorted;  // scratch of place_rounds
-  size_t leaves = 1;
+  std::vector<uint64_t> window;  // place_window's buffer (few workers, no tree)
+  size_t leaves = 1, workers = 0;
 
   void reset(size_t n) {
+    if (n == workers) {
+      std::copy(idle.begin(), idle.end(), node.begin());
+      return;
+    }
+    workers = n;
     leaves = std::bit_ceil(n);
     node.resize(2 * leaves);
     for (size_t w = 0; w < leaves; ++w) node[leaves + w] = w < n ? w : ~uint64_t(0);
+    rebuild();
+    idle = node;
+  }
+  void rebuild() {
     for (size_t i = leaves - 1; i >= 1; --i) node[i] = std::min(node[2 * i], node[2 * i + 1]);
   }
-  int32_t top() const { return int32_t(node[1] & ((uint64_t(1) << kWorkerBits) - 1)); }
   int64_t load(size_t w) const { return int64_t(node[leaves + w] >> kWorkerBits); }
 };
 
@@ -271,72 +331,86 @@ void radix_order(std::vector<int32_t>& order, std::vector<int32_t>& tmp,
   }
 }
 
-// Longest-first list scheduling of one slice for split size `split`: every item goes to the
-// least-loaded worker (lowest index on ties). Items: unsplit groups in `order`, merged with the
-// chunks of split groups (sorted here), each repeated for the slice's heads.
-void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, bool balanced) {
-  const std::vector<Group>& groups = *pb.groups;
-  const CostModel& cm = pb.cm;
-  s.split = split;
-  s.cuts.resize(groups.size());
-  s.classes.clear();
-  s.total = 0;
-  s.largest = 0;
-  int64_t num_items = int64_t(groups.size());
-  int64_t memo_len = -1;
-  Cut memo_cut{};
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const Group& g = groups[gi];
-    const int64_t L = int64_t(g.v1) - g.v0;
-    if (L <= split) {
-      s.cuts[gi] = {int32_t(L), 1};
-      s.total += g.cost;
-      s.largest = std::max(s.largest, g.cost);
+// Placement of s.assigns (longest first, their costs in s.runs) on n workers by list scheduling: each
+// item to the least-loaded worker, the lowest index on ties. Both placements below give the same
+// assignment; they return the largest key (load << 20 | worker) written, and stop as soon as one
+// reaches give_up_key (the schedule is then unusable). On completion s.loads holds the loads.
+
+// Few workers: their keys sorted in a window q[h, h + n) of a buffer that slides right (copied
+// back to the start when it reaches the end). The least-loaded worker is q[h]; its new key goes
+// back by insertion, from the nearer end. In the common rounds of list scheduling (the loads
+// spread less than the item) it is the largest key and lands at the back at once, and one
+// placement hardly waits for the previous one: 3-14 cycles per item on the bench batches against
+// a tree's 20, whose every placement waits for the previous one's root path.
+constexpr size_t kWindowWorkers = 64;
+
+uint64_t place_window(Schedule& s, std::vector<uint64_t>& buffer, size_t n, uint64_t give_up_key) {
+  buffer.resize(4 * n + 4);
+  uint64_t* const q = buffer.data();
+  const size_t cap = buffer.size();
+  for (size_t w = 0; w < n; ++w) q[1 + w] = w;  // slot 0 stays free for a front insertion
+  size_t h = 1;
+  Assign* a = s.assigns.data();
+  for (const auto& [cost, run] : s.runs) {
+    const uint64_t c = uint64_t(cost) << kWorkerBits;
+    // A run of equal costs, at least one per worker, over loads that spread less than the cost
+    // goes round the workers in key order (as place_tree's place_rounds argues): the workers
+    // that take one item more move to the back, in order, and the window rotates.
+    if (run >= n && (q[h + n - 1] >> kWorkerBits) - (q[h] >> kWorkerBits) < uint64_t(cost)) {
+      for (size_t i = 0, r = 0; i < run; ++i, r = r + 1 == n ? 0 : r + 1)
+        a[i].worker = int32_t(q[h + r] & kWorkerMask);
+      a += run;
+      const size_t rounds = run / n, rest = run % n;
+      if (h + 2 * n > cap) {
+        std::copy(q + h, q + h + n, q + 1);
+        h = 1;
+      }
+      for (size_t r = 0; r < n; ++r) q[h + r] += (rounds + (r < rest ? 1 : 0)) * c;
+      std::copy(q + h, q + h + rest, q + h + n);
+      h += rest;
+      if (q[h + n - 1] >= give_up_key) return q[h + n - 1];
       continue;
     }
-    if (L != memo_len) {  // consecutive requests of one length cut alike: divide once
-      memo_len = L;
-      memo_cut = cut_range(L, split, pb.align, balanced);
+    for (const Assign* end = a + run; a != end; ++a) {
+      const uint64_t key = q[h];
+      a->worker = int32_t(key & kWorkerMask);
+      const uint64_t nk = key + c;
+      if (nk >= give_up_key) return nk;
+      ++h;
+      if (h + n - 1 >= cap) {  // slide back (keeping slot 0 free)
+        std::copy(q + h, q + h + n - 1, q + 1);
+        h = 1;
+      }
+      size_t j = h + n - 1;  // the free slot at the back
+      if (n > 1 && nk < q[j - 1]) {
+        if (nk < q[h + (n - 1) / 2]) {  // front half: move the smaller keys one slot down
+          size_t i = --h;
+          for (; q[i + 1] < nk; ++i) q[i] = q[i + 1];
+          q[i] = nk;
+          continue;
+        }
+        for (; q[j - 1] > nk; --j) q[j] = q[j - 1];
+      }
+      q[j] = nk;
     }
-    const Cut c = memo_cut;
-    s.cuts[gi] = c;
-    num_items += c.n - 1;
-    const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
-    const int64_t last = L - int64_t(c.n - 1) * c.piece;
-    const int64_t big = sbase + cm.per_kv_token * c.piece, small = sbase + cm.per_kv_token * last;
-    if (last == c.piece) {
-      s.classes.push_back({big, int32_t(gi), 0, c.n});
-    } else {
-      s.classes.push_back({big, int32_t(gi), 0, c.n - 1});
-      s.classes.push_back({small, int32_t(gi), c.n - 1, c.n});
-    }
-    s.total += big * (c.n - 1) + small;
-    s.largest = std::max(s.largest, big);
   }
-  s.total *= pb.slice_heads;
-  KVATTN_CHECK(s.total <= kMaxLoad, "the batch's total cost (", s.total,
-               " under the cost model) exceeds the planner's limit of ", kMaxLoad);
-  auto longer = [](const Class& a, const Class& b) {
-    if (a.cost != b.cost) return a.cost > b.cost;
-    if (a.group != b.group) return a.group < b.group;
-    return a.chunk_begin < b.chunk_begin;
-  };
-  // Built in group order, so batches of equal lengths arrive sorted: check before sorting.
-  if (!std::is_sorted(s.classes.begin(), s.classes.end(), longer))
-    std::sort(s.classes.begin(), s.classes.end(), longer);
+  for (size_t i = h; i < h + n; ++i) s.loads[size_t(q[i] & kWorkerMask)] = int64_t(q[i] >> kWorkerBits);
+  return q[h + n - 1];
+}
 
-  const size_t n = size_t(pb.slice_workers);
+// Many workers: the tournament tree (O(log n) a placement where the window's insertion is O(n)).
+uint64_t place_tree(Schedule& s, WorkerTree& tree, size_t n, uint64_t give_up_key) {
   tree.reset(n);
-  s.assigns.resize(size_t(num_items) * size_t(pb.slice_heads));
-  Assign* out = s.assigns.data();
   uint64_t* const node = tree.node.data();
   const size_t leaves = tree.leaves;
   uint64_t root = node[1];
-  // One item to the least-loaded worker (tree.add_to_top, with the root kept in a register).
+  uint64_t high = 0;  // the largest key written
+  // One item to the least-loaded worker (the root is kept in a register).
   auto place_one = [&](int64_t cost) {
     const int32_t w = int32_t(root & kWorkerMask);
     size_t i = leaves + size_t(w);
     uint64_t v = root + (uint64_t(cost) << kWorkerBits);
+    high = std::max(high, v);
     node[i] = v;
     for (; i > 1; i >>= 1) {
       v = std::min(v, node[i ^ 1]);
@@ -364,31 +438,120 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
     for (size_t r = 0; r < n; ++r) {
       const size_t w = size_t(tree.sorted[r] & kWorkerMask);
       node[leaves + w] += ((rounds + (r < rest ? 1 : 0)) * uint64_t(cost)) << kWorkerBits;
+      high = std::max(high, node[leaves + w]);
     }
-    for (size_t i = leaves - 1; i >= 1; --i) node[i] = std::min(node[2 * i], node[2 * i + 1]);
+    tree.rebuild();
     root = node[1];
     return true;
   };
-  // Items are buffered as runs of equal cost (the longest-first order makes runs long in uniform
-  // batches) and placed when the cost changes.
+  // Runs of equal cost (the longest-first order makes them long in uniform batches) go together.
+  Assign* a = s.assigns.data();
+  for (const auto& [cost, run] : s.runs) {
+    if (high >= give_up_key) break;
+    if (run < n || !place_rounds(a, run, cost))
+      for (size_t k = 0; k < run; ++k) a[k].worker = place_one(cost);
+    a += run;
+  }
+  for (size_t w = 0; w < n; ++w) s.loads[w] = tree.load(w);
+  return high;
+}
+
+// Longest-first list scheduling of one slice for split size `split`: every item goes to the
+// least-loaded worker (lowest index on ties). Items: unsplit groups in `order`, merged with the
+// chunks of split groups (sorted here), each repeated for the slice's heads.
+// A trial that only matters if it beats another schedule passes `give_up`: loads only grow, so as
+// soon as one reaches it the makespan will too, and the schedule stops there (returns false; s then
+// holds no usable schedule, only s.makespan >= give_up).
+bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split, bool balanced,
+              int64_t give_up = std::numeric_limits<int64_t>::max()) {
+  const std::vector<Group>& groups = *pb.groups;
+  const CostModel& cm = pb.cm;
+  s.split = split;
+  s.cuts.resize(groups.size());
+  s.classes.clear();
+  s.total = 0;
+  s.largest = 0;
+  int64_t num_items = int64_t(groups.size());
+  const Cutter cut_range(split, pb.align, balanced);
+  int64_t memo_len = -1;
+  Cut memo_cut{};
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    const int64_t L = int64_t(g.v1) - g.v0;
+    if (L <= split) {
+      s.cuts[gi] = {int32_t(L), 1};
+      s.total += g.cost;
+      s.largest = std::max(s.largest, g.cost);
+      continue;
+    }
+    if (L != memo_len) {  // consecutive requests of one length cut alike: divide once
+      memo_len = L;
+      memo_cut = cut_range(L);
+    }
+    const Cut c = memo_cut;
+    s.cuts[gi] = c;
+    num_items += c.n - 1;
+    const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
+    const int64_t last = L - int64_t(c.n - 1) * c.piece;
+    const int64_t big = sbase + cm.per_kv_token * c.piece, small = sbase + cm.per_kv_token * last;
+    if (last == c.piece) {
+      s.classes.push_back({big, int32_t(gi), 0, c.n});
+    } else {
+      s.classes.push_back({big, int32_t(gi), 0, c.n - 1});
+      s.classes.push_back({small, int32_t(gi), c.n - 1, c.n});
+    }
+    s.total += big * (c.n - 1) + small;
+    s.largest = std::max(s.largest, big);
+  }
+  s.total *= pb.slice_heads;
+  KVATTN_CHECK(s.total <= kMaxLoad, "the batch's total cost (", s.total,
+               " under the cost model) exceeds the planner's limit of ", kMaxLoad);
+  auto longer = [](const Class& a, const Class& b) {
+    if (a.cost != b.cost) return a.cost > b.cost;
+    if (a.group != b.group) return a.group < b.group;
+    return a.chunk_begin < b.chunk_begin;
+  };
+  // Built in group order, so batches of equal lengths arrive sorted: check before sorting.
+  if (!std::is_sorted(s.classes.begin(), s.classes.end(), longer)) {
+    // Ties keep the build order (group, then chunk), so one integer key sorts them: the cost below
+    // the longest, then the build index. std::sort on integers is several times faster than on the
+    // three-field comparison (a skewed batch sorts its classes for every candidate it schedules).
+    const size_t C = s.classes.size();
+    int64_t lo = s.classes[0].cost, hi = lo;
+    for (const Class& c : s.classes) {
+      lo = std::min(lo, c.cost);
+      hi = std::max(hi, c.cost);
+    }
+    const int index_bits = std::bit_width(C - 1);
+    if (std::bit_width(uint64_t(hi - lo)) + index_bits <= 64) {
+      s.class_keys.resize(C);
+      for (size_t i = 0; i < C; ++i) s.class_keys[i] = uint64_t(hi - s.classes[i].cost) << index_bits | i;
+      std::sort(s.class_keys.begin(), s.class_keys.end());
+      s.classes_tmp.resize(C);
+      const uint64_t index_mask = (uint64_t(1) << index_bits) - 1;
+      for (size_t i = 0; i < C; ++i) s.classes_tmp[i] = s.classes[size_t(s.class_keys[i] & index_mask)];
+      s.classes.swap(s.classes_tmp);
+    } else {
+      std::sort(s.classes.begin(), s.classes.end(), longer);
+    }
+  }
+
+  // Items longest first, each repeated for the slice's heads: the unsplit groups (already in
+  // order) merged with the split chunks; on equal cost the lower group index goes first.
+  const size_t num_assigns = size_t(num_items) * size_t(pb.slice_heads);
+  s.assigns.resize(num_assigns);
+  s.runs.clear();
+  Assign* out = s.assigns.data();
   Assign* run_begin = out;
   int64_t run_cost = -1;
-  auto flush = [&] {
-    const size_t count = size_t(out - run_begin);
-    if (count == 0) return;
-    if (count < n || !place_rounds(run_begin, count, run_cost))
-      for (Assign* a = run_begin; a != out; ++a) a->worker = place_one(run_cost);
-    run_begin = out;
-  };
-  auto place = [&](int32_t group, int32_t chunk, int64_t cost) {
+  auto emit = [&](int32_t group, int32_t chunk, int64_t cost) {
     if (cost != run_cost) {
-      flush();
+      if (out != run_begin) s.runs.push_back({run_cost, size_t(out - run_begin)});
+      run_begin = out;
       run_cost = cost;
     }
     for (int h = 0; h < pb.slice_heads; ++h) *out++ = {group, chunk, h, -1};
   };
-  // Merge the unsplit groups (already in order) with the split chunks, longest first; on equal
-  // cost the lower group index goes first.
   const std::vector<int32_t>& order = *pb.order;
   size_t oi = 0, ci = 0;
   for (;;) {
@@ -403,20 +566,20 @@ void schedule(Schedule& s, WorkerTree& tree, const Problem& pb, int32_t split, b
     }
     if (take_main) {
       const int32_t gi = order[oi++];
-      place(gi, 0, groups[size_t(gi)].cost);
+      emit(gi, 0, groups[size_t(gi)].cost);
     } else {
       const Class& c = s.classes[ci++];
-      for (int32_t chunk = c.chunk_begin; chunk < c.chunk_end; ++chunk)
-        place(c.group, chunk, c.cost);
+      for (int32_t chunk = c.chunk_begin; chunk < c.chunk_end; ++chunk) emit(c.group, chunk, c.cost);
     }
   }
-  flush();
+  if (out != run_begin) s.runs.push_back({run_cost, size_t(out - run_begin)});
+  const size_t n = size_t(pb.slice_workers);
   s.loads.resize(n);
-  s.makespan = 0;
-  for (size_t w = 0; w < n; ++w) {
-    s.loads[w] = tree.load(w);
-    s.makespan = std::max(s.makespan, s.loads[w]);
-  }
+  const uint64_t give_up_key = give_up > kMaxLoad ? ~uint64_t(0) : uint64_t(give_up) << kWorkerBits;
+  const uint64_t high = n <= kWindowWorkers ? place_window(s, workers.window, n, give_up_key)
+                                            : place_tree(s, workers, n, give_up_key);
+  s.makespan = int64_t(high >> kWorkerBits);
+  return high < give_up_key;
 }
 
 // Cost estimate of one slice for a split size (no scheduling): the cut groups one by one, the
@@ -426,9 +589,9 @@ Estimate estimate(const Problem& pb, int32_t split) {
   const CostModel& cm = pb.cm;
   const std::vector<Group>& groups = *pb.groups;
   const std::vector<int32_t>& by_len = *pb.by_len;
+  const Cutter cut_range(split, pb.align, true);
   size_t i = 0;
-  // Runs of equal (length, rows) cut alike: the divisions of cut_range once per run (a uniform
-  // batch is one run).
+  // Runs of equal (length, rows) cut alike: one cut per run (a uniform batch is one run).
   int64_t run_len = -1, run_rows = -1, run_total = 0, run_largest = 0, run_items = 0;
   for (; i < by_len.size(); ++i) {
     const Group& g = groups[size_t(by_len[i])];
@@ -437,7 +600,7 @@ Estimate estimate(const Problem& pb, int32_t split) {
     if (L != run_len || g.rows != run_rows) {
       run_len = L;
       run_rows = g.rows;
-      const Cut c = cut_range(L, split, pb.align, true);
+      const Cut c = cut_range(L);
       const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
       run_total = sbase * c.n + cm.per_kv_token * L;
       run_largest = sbase + cm.per_kv_token * c.piece;
@@ -664,7 +827,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
         if (k == k0) continue;
         const int32_t split = sc.candidates[size_t(k)];
         if (split < longest_len &&
-            !can_beat(longest_base + cm.per_kv_token * cut_range(longest_len, split, align, true).piece))
+            !can_beat(longest_base + cm.per_kv_token * Cutter(split, align, true)(longest_len).piece))
           continue;
         const Estimate e = est(split);
         const int64_t mean = (e.total + slice_workers - 1) / slice_workers;
@@ -678,9 +841,11 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
       int64_t spent = 0;
       for (const Bound& c : sc.bounds) {
         if (c.bound * 256 >= sc.best.makespan * 255 || spent >= budget) break;
-        schedule(sc.trial, sc.tree, pb, sc.candidates[size_t(c.k)], true);
+        // The trial replaces the best only below best x 255/256: it gives up at that load.
+        const int64_t give_up = (sc.best.makespan * 255 + 255) / 256;
+        const bool done = schedule(sc.trial, sc.tree, pb, sc.candidates[size_t(c.k)], true, give_up);
         spent += int64_t(sc.trial.assigns.size());
-        if (sc.trial.makespan * 256 < sc.best.makespan * 255) std::swap(sc.trial, sc.best);
+        if (done && sc.trial.makespan * 256 < sc.best.makespan * 255) std::swap(sc.trial, sc.best);
       }
     }
     // No split at all, when it can beat the split schedule: a uniform batch of about two items
@@ -691,8 +856,8 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
       const Estimate e = est(kNoSplit);
       const int64_t bound = std::max(e.largest, (e.total + slice_workers - 1) / slice_workers);
       if (bound * 256 < sc.best.makespan * 255) {
-        schedule(sc.trial, sc.tree, pb, kNoSplit, true);
-        if (sc.trial.makespan <= sc.best.makespan) std::swap(sc.trial, sc.best);
+        if (schedule(sc.trial, sc.tree, pb, kNoSplit, true, sc.best.makespan + 1))
+          std::swap(sc.trial, sc.best);
       }
     }
   }
