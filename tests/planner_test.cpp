@@ -1,13 +1,15 @@
 // The planner (include/kvattn/plan.h): property tests over thousands of random batches, error
 // messages, CUDA-graph mode, split options, and the scheduling-quality simulation of the issue's
 // three scenarios. Seeds are fixed: batch k of a property test uses seed kPropertySeed + k (printed
-// in the failure trace), so a failure replays exactly.
+// in the failure trace), so a failure replays exactly; the list-scheduling test draws fresh batches
+// every run from the suite's seed (support/random.h: KVATTN_TEST_SEED replays them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -18,6 +20,7 @@
 #include "kernels/common/merge_rows.cuh"
 #include "kvattn/error.h"
 #include "kvattn/plan.h"
+#include "support/random.h"
 
 namespace {
 
@@ -361,6 +364,296 @@ TEST(Planner, GreedyBoundOnLargeBatches) {
     }
     ASSERT_EQ(tokens, expect * in.num_kv_heads);
   }
+}
+
+// ---- list scheduling, against a plain greedy ----------------------------------------------------
+// plan.h's rule 3: per slice (g = gcd(workers, kv heads) slices of workers / g workers, each
+// serving kv_heads / g heads with the same schedule), items go longest first to the least-loaded
+// worker, the lowest index on ties. The planner does this with a sorted window (at most 64 workers
+// a slice) or a tournament tree (more), both with shortcuts for runs of equal cost; this test
+// recomputes the schedule the plain way and compares.
+
+// Longest-first list scheduling of `costs` on n workers, O(items x workers): the costs each worker
+// receives, in order. Which of several equal-cost items a worker gets is not fixed, but the
+// sequence of costs (non-increasing) is, so every worker's cost list, and its load, is determined
+// by the multiset of costs alone: a plan that follows rule 3 has exactly these per worker index.
+std::vector<std::vector<int64_t>> list_schedule(std::vector<int64_t> costs, int n) {
+  std::sort(costs.begin(), costs.end(), std::greater<>());
+  std::vector<int64_t> load(size_t(n), 0);
+  std::vector<std::vector<int64_t>> lists(static_cast<size_t>(n));
+  for (int64_t c : costs) {
+    size_t least = 0;
+    for (size_t w = 1; w < load.size(); ++w)
+      if (load[w] < load[least]) least = w;  // strict: the lowest index wins ties
+    load[least] += c;
+    lists[least].push_back(c);
+  }
+  return lists;
+}
+
+// Up to 12 values of v from index `from`.
+std::string loads_str(const std::vector<int64_t>& v, size_t from = 0) {
+  std::string s = from > 0 ? "[" + std::to_string(from) + "...] " : "";
+  for (size_t i = from; i < v.size() && i < from + 12; ++i)
+    s += (i > from ? " " : "") + std::to_string(v[i]);
+  return v.size() > from + 12 ? s + " ..." : s;
+}
+
+// Where a and b first differ (the shorter one's length if one is a prefix of the other), a few
+// values before it.
+size_t shown_from(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i < 3 ? 0 : i - 3;
+}
+
+// The plan's worker loads and lists against list_schedule() of each stored slice's item costs.
+::testing::AssertionResult follows_list_scheduling(const kvattn::PlannerInputs& in,
+                                                   const kvattn::SchedulerOptions& opt,
+                                                   const kvattn::Plan& plan) {
+  const int W = opt.num_workers, H = in.num_kv_heads;
+  const int S = std::gcd(W, H), Ws = W / S, Hs = H / S;
+  if (plan.num_workers() != W || plan.num_slices() != S || plan.slice_workers() != Ws ||
+      plan.slice_heads() != Hs || int64_t(plan.worker_costs().size()) != W)
+    return ::testing::AssertionFailure()
+           << "slices: plan has " << plan.num_workers() << " workers, " << plan.num_slices()
+           << " slices of " << plan.slice_workers() << " workers and " << plan.slice_heads()
+           << " heads; expected " << W << " workers, " << S << " of " << Ws << " and " << Hs;
+  const int stored = plan.slice_zero_only() ? 1 : S;
+  if (plan.worker_begin().size() != size_t(stored) * Ws + 1)
+    return ::testing::AssertionFailure()
+           << plan.worker_begin().size() - 1 << " stored worker lists, expected " << stored * Ws;
+  // The multiset of item costs of each stored slice, by kv head (slice s serves heads
+  // [s Hs, (s + 1) Hs) on workers [s Ws, (s + 1) Ws)).
+  std::vector<std::vector<int64_t>> slice_costs(static_cast<size_t>(stored));
+  size_t listed = 0;
+  for (int gw = 0; gw < stored * Ws; ++gw)
+    for (const auto& it : plan.worker_items(gw)) {
+      if (it.kv_head / Hs != gw / Ws)
+        return ::testing::AssertionFailure()
+               << "an item of kv head " << it.kv_head << " is on worker " << gw
+               << ", outside its slice (" << Ws << " workers, " << Hs << " heads a slice)";
+      slice_costs[size_t(gw / Ws)].push_back(plan.item_cost(it));
+      ++listed;
+    }
+  if (listed != plan.items().size())
+    return ::testing::AssertionFailure() << "the worker lists hold " << listed << " of "
+                                         << plan.items().size() << " stored items";
+  std::vector<int64_t> slice0_loads;
+  int64_t max_load = 0, total = 0;
+  for (int s = 0; s < stored; ++s) {
+    const auto& costs = slice_costs[size_t(s)];
+    if (int64_t(costs.size()) * S != plan.num_items())
+      return ::testing::AssertionFailure() << "slice " << s << " has " << costs.size() << " items; "
+                                           << plan.num_items() << " in " << S << " slices";
+    const auto lists = list_schedule(costs, Ws);
+    std::vector<int64_t> want(static_cast<size_t>(Ws)), got(static_cast<size_t>(Ws));
+    for (int w = 0; w < Ws; ++w) {
+      for (int64_t c : lists[size_t(w)]) want[size_t(w)] += c;
+      got[size_t(w)] = plan.worker_costs()[size_t(s * Ws + w)];
+    }
+    // Sorted loads first (the weakest statement), then worker by worker.
+    auto want_sorted = want, got_sorted = got;
+    std::sort(want_sorted.begin(), want_sorted.end(), std::greater<>());
+    std::sort(got_sorted.begin(), got_sorted.end(), std::greater<>());
+    if (want_sorted != got_sorted)
+      return ::testing::AssertionFailure()
+             << "slice " << s << " (" << Ws << " workers, " << costs.size()
+             << " items): sorted loads differ from list scheduling's\n  plan:   "
+             << loads_str(got_sorted, shown_from(got_sorted, want_sorted))
+             << "\n  greedy: " << loads_str(want_sorted, shown_from(got_sorted, want_sorted));
+    for (int w = 0; w < Ws; ++w) {
+      const auto items = plan.worker_items(s * Ws + w);
+      std::vector<int64_t> mine;
+      for (const auto& it : items) mine.push_back(plan.item_cost(it));
+      if (mine != lists[size_t(w)] || got[size_t(w)] != want[size_t(w)])
+        return ::testing::AssertionFailure()
+               << "slice " << s << " worker " << w << " of " << Ws << ": cost " << got[size_t(w)]
+               << ", item costs " << loads_str(mine, shown_from(mine, lists[size_t(w)]))
+               << "; list scheduling gives cost " << want[size_t(w)] << ", item costs "
+               << loads_str(lists[size_t(w)], shown_from(mine, lists[size_t(w)]));
+      max_load = std::max(max_load, want[size_t(w)]);
+      total += want[size_t(w)];
+    }
+    if (s == 0) slice0_loads = want;
+  }
+  // slice_zero_only: the other slices repeat slice 0's schedule, their costs too.
+  for (int s = stored; s < S; ++s) {
+    for (int w = 0; w < Ws; ++w)
+      if (plan.worker_costs()[size_t(s * Ws + w)] != slice0_loads[size_t(w)])
+        return ::testing::AssertionFailure()
+               << "slice " << s << " worker " << w << " (not stored): cost "
+               << plan.worker_costs()[size_t(s * Ws + w)] << ", slice 0's "
+               << slice0_loads[size_t(w)];
+    total += std::accumulate(slice0_loads.begin(), slice0_loads.end(), int64_t(0));
+  }
+  if (plan.max_worker_cost() != max_load)
+    return ::testing::AssertionFailure() << "max_worker_cost() = " << plan.max_worker_cost()
+                                         << ", list scheduling's max load " << max_load;
+  if (plan.total_cost() != total)
+    return ::testing::AssertionFailure()
+           << "total_cost() = " << plan.total_cost() << ", items add up to " << total;
+  return ::testing::AssertionSuccess();
+}
+
+// A random decode or prefill batch for the list-scheduling test: uniform, few-valued, skewed (a few
+// long requests), spread, or staircase lengths, so that schedules have long runs of equal cost (the
+// placements' round shortcuts), fine splits and lone large items. A staircase batch costs its KV
+// tokens alone (cost model {0, 0, 1, 0}) and its lengths are 1 to 4 units: loads then tie exactly,
+// and can spread by exactly the next run's cost (edge_batch() below builds that case on purpose).
+struct RandomBatch {
+  std::vector<int32_t> qo_indptr{0}, kv_len;
+  kvattn::PlannerInputs in;
+  kvattn::SchedulerOptions opt;
+  std::string describe() const {
+    return "batch " + std::to_string(kv_len.size()) + " requests, " +
+           std::to_string(qo_indptr.back()) + " query tokens, tile " +
+           std::to_string(in.tile.query_tokens) + "x" + std::to_string(in.tile.kv_tokens) +
+           ", group " + std::to_string(in.num_qo_heads / in.num_kv_heads) +
+           (in.causal ? ", causal" : "") +
+           (in.window_left >= 0 ? ", window " + std::to_string(in.window_left) : "") +
+           (opt.disable_split_kv   ? ", no split"
+            : opt.fixed_split_size ? ", split " + std::to_string(opt.fixed_split_size)
+                                   : "") +
+           ", cost {" + std::to_string(opt.cost.per_item) + ", " +
+           std::to_string(opt.cost.per_query_row) + ", " + std::to_string(opt.cost.per_kv_token) +
+           ", " + std::to_string(opt.cost.per_partial_row) + "}";
+  }
+};
+
+RandomBatch scheduling_batch(kvattn_test::Rng& rng, bool decode, int workers, int kv_heads) {
+  RandomBatch b;
+  const int B = int(decode ? rng.integer(1, 160) : rng.integer(1, 12));
+  const int max_len = decode ? 16384 : 4096;
+  const int64_t shape = rng.integer(0, 4);
+  std::array<int32_t, 3> few{};
+  for (auto& x : few) x = int32_t(rng.integer(1, max_len));
+  const int32_t unit = int32_t(rng.integer(1, 64));
+  for (int i = 0; i < B; ++i) {
+    int32_t len = 0;
+    switch (shape) {
+      case 0:  // uniform
+        len = few[0];
+        break;
+      case 1:  // few values
+        len = few[size_t(rng.integer(0, 2))];
+        break;
+      case 2:  // skewed: two long requests, the others short
+        len =
+            int32_t(i < 2 ? rng.integer(4 * max_len, 16 * max_len) : rng.integer(1, max_len / 16));
+        break;
+      case 3:  // spread
+        len = int32_t(rng.integer(0, max_len));
+        break;
+      default:  // staircase
+        len = unit * int32_t(rng.integer(1, 4));
+        break;
+    }
+    int32_t qo = 1;
+    if (!decode) {
+      qo = std::max<int32_t>(1, std::min<int32_t>(len, int32_t(rng.integer(1, 256))));
+      if (rng.coin(0.3)) len = qo;  // prefill without a prefix
+    }
+    b.kv_len.push_back(len);
+    b.qo_indptr.push_back(b.qo_indptr.back() + qo);
+  }
+  auto& in = b.in;
+  in.num_kv_heads = kv_heads;
+  in.num_qo_heads = kv_heads * int(std::array<int, 3>{1, 4, 8}[size_t(rng.integer(0, 2))]);
+  in.head_dim_qk = 128;
+  in.tile = {decode ? 1 : int(std::array<int, 3>{16, 32, 64}[size_t(rng.integer(0, 2))]),
+             rng.coin() ? 64 : 16};
+  in.causal = !decode && rng.coin(0.8);
+  in.window_left = rng.coin(0.15) ? int(rng.integer(0, 2048)) : -1;
+  auto& opt = b.opt;
+  opt.num_workers = workers;
+  if (const double r = rng.uniform(0, 1); r < 0.15)
+    opt.disable_split_kv = true;
+  else if (r < 0.3)
+    opt.fixed_split_size = int(rng.integer(64, 4096));
+  if (shape == 4)
+    opt.cost = {0, 0, 1, 0};
+  else if (rng.coin(0.2))
+    opt.cost = {rng.integer(0, 100), rng.integer(0, 2), rng.integer(1, 2), rng.integer(0, 8)};
+  b.in.qo_indptr = b.qo_indptr;
+  b.in.kv_len = b.kv_len;
+  return b;
+}
+
+// A decode batch (one kv head, no split, items costing their KV tokens) whose schedule reaches a
+// run of equal costs with the loads spread by exactly that cost, and the least-loaded worker's
+// index below a most-loaded one's: list scheduling of 10u, (n - 1) x 8u, 6u, (n - 2) x 5u leaves
+// worker 0 at 10u, worker 1 at 14u, the others at 13u; then k n items of 4u. Going round the
+// workers in (load, index) order (0, 2, ..., n - 1, 1) would be wrong here: after 0, 2, ..., n - 1,
+// worker 0 ties worker 1 at 14u and comes first. The loads end swapped between workers 0 and 1 (the
+// sorted loads agree): only the worker-by-worker comparison sees it.
+RandomBatch edge_batch(kvattn_test::Rng& rng, int workers) {
+  RandomBatch b;
+  const int n = workers;
+  const int32_t u = int32_t(rng.integer(1, 200));
+  b.kv_len.push_back(10 * u);
+  b.kv_len.insert(b.kv_len.end(), size_t(n - 1), 8 * u);
+  b.kv_len.push_back(6 * u);
+  b.kv_len.insert(b.kv_len.end(), size_t(n - 2), 5 * u);
+  b.kv_len.insert(b.kv_len.end(), size_t(n) * size_t(rng.integer(1, 3)), 4 * u);
+  rng.shuffle(b.kv_len);  // the request order does not matter, only the costs
+  for (size_t i = 0; i < b.kv_len.size(); ++i) b.qo_indptr.push_back(int32_t(i) + 1);
+  b.in.num_kv_heads = 1;
+  b.in.num_qo_heads = int(std::array<int, 3>{1, 4, 8}[size_t(rng.integer(0, 2))]);
+  b.in.head_dim_qk = 128;
+  b.in.tile = {1, 16};
+  b.opt.num_workers = workers;
+  b.opt.disable_split_kv = true;
+  b.opt.cost = {0, 0, 1, 0};
+  b.in.qo_indptr = b.qo_indptr;
+  b.in.kv_len = b.kv_len;
+  return b;
+}
+
+TEST(Planner, LoadsMatchPlainListScheduling) {
+  // Workers a slice (W / gcd(W, kv heads)) on both sides of the window/tree limit of 64: e.g. 392
+  // workers are 392 a slice with 1 head (tree), 8 slices of 49 with 8 or 32 (window); 130 are 2
+  // slices of 65 (tree) with 8 or 32 heads; 65 is one slice of 65.
+  const int worker_counts[] = {1, 7, 33, 49, 64, 65, 130, 264, 392};
+  const int kv_heads[] = {1, 8, 32};
+  constexpr int kBatches = 12;  // per (workers, heads, kind)
+  kvattn::Planner planner;      // reused across shapes, as a serving loop does
+  int window_plans = 0, tree_plans = 0, split_plans = 0;
+  for (int W : worker_counts)
+    for (int H : kv_heads)
+      for (const char* kind : {"decode", "prefill", "edge"}) {
+        const bool edge = kind == std::string("edge");
+        if (edge && (H != 1 || W < 3)) continue;  // edge batches: one slice of W >= 3 workers
+        for (int k = 0; k < kBatches; ++k) {
+          KVATTN_CASE_RNG(rng);
+          RandomBatch b = edge ? edge_batch(rng, W)
+                               : scheduling_batch(rng, kind == std::string("decode"), W, H);
+          SCOPED_TRACE(std::string(kind) + ", " + std::to_string(W) + " workers, " +
+                       std::to_string(H) + " kv heads, " + b.describe());
+          const int slice_workers = W / std::gcd(W, H);
+          // The plan as given, slice 0 only, and under a CUDA-graph capacity (the planner's
+          // own split search then: a fixed split may not fit the capacity).
+          for (int variant = 0; variant < 3; ++variant) {
+            kvattn::SchedulerOptions opt = b.opt;
+            if (variant == 1) opt.slice_zero_only = true;
+            if (variant == 2) {
+              opt.fixed_split_size = 0;
+              opt.cuda_graph =
+                  kvattn::GraphCapacity{int32_t(b.kv_len.size() + size_t(rng.integer(0, 8))),
+                                        b.qo_indptr.back() + rng.integer(0, 64),
+                                        rng.coin() ? -1 : int32_t(rng.integer(0, 3 * W))};
+            }
+            SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "slice_zero_only" : "graph mode");
+            const kvattn::Plan& plan = planner.plan(b.in, opt);
+            ASSERT_TRUE(follows_list_scheduling(b.in, opt, plan));
+            (slice_workers <= 64 ? window_plans : tree_plans) += 1;
+            split_plans += plan.num_merges() > 0;
+          }
+        }
+      }
+  std::printf(
+      "[ planner  ] list scheduling: %d plans of <= 64 workers a slice, %d of more, %d split\n",
+      window_plans, tree_plans, split_plans);
 }
 
 // ---- errors -------------------------------------------------------------------------------------
