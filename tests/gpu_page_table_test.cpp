@@ -279,7 +279,7 @@ TEST(GpuPageTable, DeviceTableShapeIsCheckedOnTheHost) {
   EXPECT_KVATTN_ERROR(op.plan(p), "kv_indptr[1] = 3 exceeds the length of kv_indices (2)");
   p.page_table.indices = kvattn::TensorView(full.data(), DType::u8, {1}, full.device());
   EXPECT_KVATTN_ERROR(op.plan(p), "kv_indices has dtype u8 but i32 is expected");
-  EXPECT_KVATTN_ERROR(op.check_errors(), "BatchDecode.run() was called before plan()");
+  EXPECT_KVATTN_ERROR(op.check_errors(), "BatchDecode.check_errors() was called before plan()");
 #endif
 }
 

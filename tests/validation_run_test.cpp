@@ -64,6 +64,8 @@ TEST(ValidationRun, BeforePlan) {
                       "BatchPrefill.run() was called before plan()");
   EXPECT_KVATTN_ERROR(kvattn::BlockSparseAttention{}.run(t.view(), t.view(), t.view(), t.view()),
                       "BlockSparseAttention.run() was called before plan()");
+  EXPECT_KVATTN_ERROR(kvattn::BatchDecode{}.check_errors(), "BatchDecode.check_errors() was called before plan()");
+  EXPECT_KVATTN_ERROR(kvattn::BatchPrefill{}.check_errors(), "BatchPrefill.check_errors() was called before plan()");
 }
 
 TEST(ValidationRun, QueryOutputAndLse) {

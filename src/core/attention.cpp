@@ -91,8 +91,8 @@ void check_table_device(const validate::PageTableInfo& table, const TensorView& 
 }
 
 // ---- run-time checks --------------------------------------------------------------------------
-void check_plan(const std::unique_ptr<AttentionPlan>& plan, const char* who) {
-  KVATTN_CHECK(plan != nullptr, who, ".run() was called before plan()");
+void check_plan(const std::unique_ptr<AttentionPlan>& plan, const char* who, const char* method = "run") {
+  KVATTN_CHECK(plan != nullptr, who, ".", method, "() was called before plan()");
 }
 
 void check_backend(const TensorView& q) {
@@ -444,7 +444,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
 }
 
 void BatchDecode::check_errors(void* stream) const {
-  check_plan(plan_, "BatchDecode");
+  check_plan(plan_, "BatchDecode", "check_errors");
 #if KVATTN_WITH_CUDA
   if (plan_->gpu_decode) plan_->gpu_decode->check_errors(static_cast<cudaStream_t>(stream));
   if (plan_->gpu_prefill) plan_->gpu_prefill->check_errors(static_cast<cudaStream_t>(stream));
@@ -563,7 +563,7 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
 }
 
 void BatchPrefill::check_errors(void* stream) const {
-  check_plan(plan_, "BatchPrefill");
+  check_plan(plan_, "BatchPrefill", "check_errors");
 #if KVATTN_WITH_CUDA
   if (plan_->gpu_prefill) plan_->gpu_prefill->check_errors(static_cast<cudaStream_t>(stream));
 #else

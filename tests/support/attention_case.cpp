@@ -233,6 +233,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
       kvattn::BatchDecode op({}, c.layout);
       op.plan(p);
       op.run(q.view(), paged->cache(), out.view(), lse_view);
+      op.check_errors();  // the CPU validates ids before computing: nothing is ever recorded
     }
   } else {
     kvattn::BatchPrefillPlan p;
@@ -296,6 +297,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         op.run(q.view(), paged->cache(), out.view(), lse_view);
       else
         op.run(q.view(), k_ragged.view(), v_ragged.view(), out.view(), lse_view);
+      op.check_errors();
     }
   }
   EXPECT_TRUE(q.same_bytes(q_before)) << "run() modified q";
