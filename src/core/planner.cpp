@@ -38,6 +38,14 @@ struct Group {
   int64_t cost;    // cost of the tile unsplit (one head)
 };
 
+// A group in the schedule's longest-first order, with what the merge of schedule() reads: stored
+// in that order, the merge walks it sequentially instead of through groups[order[i]].
+struct Ordered {
+  int64_t cost;  // unsplit
+  int32_t group;
+  int32_t len;   // visible KV tokens: cut for a split size S iff len > S
+};
+
 // How a group is cut for one split size: n chunks of `piece` tokens, the last one shorter.
 struct Cut {
   int32_t piece;
@@ -133,6 +141,7 @@ struct Schedule {
   std::vector<uint64_t> class_keys;
   std::vector<Assign> assigns;  // in assignment order
   std::vector<std::pair<int64_t, size_t>> runs;  // assigns in runs of equal cost: (cost, count)
+  size_t num_runs = 0;                           // runs[0, num_runs) are this schedule's
   std::vector<int64_t> loads;   // per local worker
   int64_t makespan = 0;
   int64_t total = 0;
@@ -142,7 +151,7 @@ struct Schedule {
 // What one plan() knows about the problem while it searches.
 struct Problem {
   const std::vector<Group>* groups;
-  const std::vector<int32_t>* order;  // groups by unsplit cost, longest first
+  const std::vector<Ordered>* order;  // groups by unsplit cost, longest first
   // Groups by visible length, longest first, with suffix sums and maxima of their unsplit costs:
   // the groups a split size S cuts are a prefix of this order.
   const std::vector<int32_t>* by_len;
@@ -199,8 +208,9 @@ struct Bound {
 struct Planner::Scratch {
   std::vector<Group> groups;
   std::vector<int32_t> order, order_tmp, by_len;
+  std::vector<Ordered> ordered;  // the groups in `order`
   std::vector<int64_t> suffix_cost, suffix_max;
-  std::vector<uint64_t> keys;
+  std::vector<uint64_t> keys, packed_keys;
   std::vector<uint32_t> radix_count;
   std::vector<std::pair<int32_t, Estimate>> estimates;  // this plan's, by split size
   std::vector<int32_t> candidates;
@@ -287,9 +297,11 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
 }
 
 // Indices 0..n-1 ordered by keys[i] ascending, ties by index: a stable LSD radix sort in the
-// fewest passes of at most 11 bits (std::sort for short lists).
+// fewest passes of at most 11 bits (std::sort for short lists, of packed (key, index) integers
+// when they fit: several times faster than sorting indices with a comparison through the keys).
 void radix_order(std::vector<int32_t>& order, std::vector<int32_t>& tmp,
-                 const std::vector<uint64_t>& keys, std::vector<uint32_t>& count) {
+                 const std::vector<uint64_t>& keys, std::vector<uint32_t>& count,
+                 std::vector<uint64_t>& packed) {
   const size_t n = keys.size();
   order.resize(n);
   std::iota(order.begin(), order.end(), 0);
@@ -297,6 +309,14 @@ void radix_order(std::vector<int32_t>& order, std::vector<int32_t>& tmp,
   for (uint64_t k : keys) max_key = std::max(max_key, k);
   if (n < 2 || max_key == 0) return;
   if (n < 256) {
+    constexpr int kIndexBits = 8;  // n < 256
+    if (std::bit_width(max_key) <= 64 - kIndexBits) {
+      packed.resize(n);
+      for (size_t i = 0; i < n; ++i) packed[i] = keys[i] << kIndexBits | i;
+      std::sort(packed.begin(), packed.end());
+      for (size_t i = 0; i < n; ++i) order[i] = int32_t(packed[i] & ((1u << kIndexBits) - 1));
+      return;
+    }
     std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       return keys[size_t(a)] < keys[size_t(b)] || (keys[size_t(a)] == keys[size_t(b)] && a < b);
     });
@@ -348,10 +368,40 @@ uint64_t place_window(Schedule& s, std::vector<uint64_t>& buffer, size_t n, uint
   buffer.resize(4 * n + 4);
   uint64_t* const q = buffer.data();
   const size_t cap = buffer.size();
-  for (size_t w = 0; w < n; ++w) q[1 + w] = w;  // slot 0 stays free for a front insertion
-  size_t h = 1;
+  // Round one: while a worker is idle, an item of positive cost goes to the idle worker of lowest
+  // index (an idle worker's key is its index, below every loaded key), so item k to worker k. Its
+  // keys are written as they come, then sorted into the window at once: the insertions cost up to
+  // n / 2 moves an item (a new load is below the earlier ones, above the idle workers').
+  uint64_t* const loaded = q + 2 * n + 2;  // scratch past the window's first 2n + 2 slots
+  size_t first = 0, ri = 0, used = 0;      // items placed; runs fully placed; items of runs[ri] placed
   Assign* a = s.assigns.data();
-  for (const auto& [cost, run] : s.runs) {
+  while (first < n && ri < s.num_runs && s.runs[ri].first > 0) {
+    const uint64_t c = uint64_t(s.runs[ri].first) << kWorkerBits;
+    const size_t take = std::min(s.runs[ri].second - used, n - first);
+    for (size_t k = first; k < first + take; ++k) {
+      a[k].worker = int32_t(k);
+      loaded[k] = c | k;
+      if (loaded[k] >= give_up_key) return loaded[k];
+    }
+    first += take;
+    used += take;
+    if (used == s.runs[ri].second) ++ri, used = 0;
+  }
+  a += first;
+  // The window: the idle workers, then the loaded ones by key. Their loads fall with the index,
+  // equal loads ordered by index: blocks of equal load, from the last block to the first.
+  for (size_t w = first; w < n; ++w) q[1 + w - first] = w;  // slot 0 stays free for a front insertion
+  for (size_t end = first, out = 1 + n - first; end > 0;) {
+    size_t begin = end - 1;
+    while (begin > 0 && (loaded[begin - 1] >> kWorkerBits) == (loaded[end - 1] >> kWorkerBits)) --begin;
+    std::copy(loaded + begin, loaded + end, q + out);
+    out += end - begin;
+    end = begin;
+  }
+  size_t h = 1;
+  for (; ri < s.num_runs; ++ri, used = 0) {
+    const int64_t cost = s.runs[ri].first;
+    const size_t run = s.runs[ri].second - used;  // the rest of a run that round one began
     const uint64_t c = uint64_t(cost) << kWorkerBits;
     // A run of equal costs, at least one per worker, over loads that spread less than the cost
     // goes round the workers in key order (as place_tree's place_rounds argues): the workers
@@ -446,7 +496,8 @@ uint64_t place_tree(Schedule& s, WorkerTree& tree, size_t n, uint64_t give_up_ke
   };
   // Runs of equal cost (the longest-first order makes them long in uniform batches) go together.
   Assign* a = s.assigns.data();
-  for (const auto& [cost, run] : s.runs) {
+  for (size_t ri = 0; ri < s.num_runs; ++ri) {
+    const auto [cost, run] = s.runs[ri];
     if (high >= give_up_key) break;
     if (run < n || !place_rounds(a, run, cost))
       for (size_t k = 0; k < run; ++k) a[k].worker = place_one(cost);
@@ -540,39 +591,51 @@ bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split
   // order) merged with the split chunks; on equal cost the lower group index goes first.
   const size_t num_assigns = size_t(num_items) * size_t(pb.slice_heads);
   s.assigns.resize(num_assigns);
-  s.runs.clear();
+  // At most one run an item; the buffer only grows (s.num_runs says how much of it is this one's).
+  if (s.runs.size() < size_t(num_items)) s.runs.resize(size_t(num_items));
+  // Plain pointers and locals: stores through `out` could alias the vectors' own fields, which
+  // made the compiler reload them (and recompute sizes) on every item.
   Assign* out = s.assigns.data();
   Assign* run_begin = out;
+  std::pair<int64_t, size_t>* runs = s.runs.data();
+  std::pair<int64_t, size_t>* run = runs;
   int64_t run_cost = -1;
-  auto emit = [&](int32_t group, int32_t chunk, int64_t cost) {
+  const int heads = pb.slice_heads;
+  // Chunks [begin, end) of a group, all of one cost, each for the slice's heads.
+  auto emit = [&](int32_t group, int32_t begin, int32_t end, int64_t cost) {
     if (cost != run_cost) {
-      if (out != run_begin) s.runs.push_back({run_cost, size_t(out - run_begin)});
+      if (out != run_begin) *run++ = {run_cost, size_t(out - run_begin)};
       run_begin = out;
       run_cost = cost;
     }
-    for (int h = 0; h < pb.slice_heads; ++h) *out++ = {group, chunk, h, -1};
-  };
-  const std::vector<int32_t>& order = *pb.order;
-  size_t oi = 0, ci = 0;
-  for (;;) {
-    while (oi < order.size() && s.cuts[size_t(order[oi])].n > 1) ++oi;
-    const bool have_main = oi < order.size(), have_split = ci < s.classes.size();
-    if (!have_main && !have_split) break;
-    bool take_main = have_main;
-    if (have_main && have_split) {
-      const Group& g = groups[size_t(order[oi])];
-      const Class& c = s.classes[ci];
-      take_main = g.cost > c.cost || (g.cost == c.cost && order[oi] < c.group);
+    if (heads == 1) {  // every GQA bench batch: the loop over heads took ~16 instructions an item
+      for (int32_t chunk = begin; chunk < end; ++chunk) *out++ = {group, chunk, 0, -1};
+      return;
     }
+    for (int32_t chunk = begin; chunk < end; ++chunk)
+      for (int h = 0; h < heads; ++h) *out++ = {group, chunk, h, -1};
+  };
+  const Ordered* main = pb.order->data();
+  const Ordered* const main_end = main + pb.order->size();
+  const Class* cls = s.classes.data();
+  const Class* const cls_end = cls + s.classes.size();
+  for (;;) {
+    while (main != main_end && main->len > split) ++main;  // split: its chunks are classes
+    const bool have_main = main != main_end, have_split = cls != cls_end;
+    if (!have_main && !have_split) break;
+    const bool take_main =
+        have_main && (!have_split || main->cost > cls->cost ||
+                      (main->cost == cls->cost && main->group < cls->group));
     if (take_main) {
-      const int32_t gi = order[oi++];
-      emit(gi, 0, groups[size_t(gi)].cost);
+      emit(main->group, 0, 1, main->cost);
+      ++main;
     } else {
-      const Class& c = s.classes[ci++];
-      for (int32_t chunk = c.chunk_begin; chunk < c.chunk_end; ++chunk) emit(c.group, chunk, c.cost);
+      emit(cls->group, cls->chunk_begin, cls->chunk_end, cls->cost);
+      ++cls;
     }
   }
-  if (out != run_begin) s.runs.push_back({run_cost, size_t(out - run_begin)});
+  if (out != run_begin) *run++ = {run_cost, size_t(out - run_begin)};
+  s.num_runs = size_t(run - runs);
   const size_t n = size_t(pb.slice_workers);
   s.loads.resize(n);
   const uint64_t give_up_key = give_up > kMaxLoad ? ~uint64_t(0) : uint64_t(give_up) << kWorkerBits;
@@ -695,7 +758,12 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   }
   sc.keys.resize(G);
   for (size_t i = 0; i < G; ++i) sc.keys[i] = uint64_t(max_cost - sc.groups[i].cost);
-  radix_order(sc.order, sc.order_tmp, sc.keys, sc.radix_count);
+  radix_order(sc.order, sc.order_tmp, sc.keys, sc.radix_count, sc.packed_keys);
+  sc.ordered.resize(G);
+  for (size_t i = 0; i < G; ++i) {
+    const Group& g = sc.groups[size_t(sc.order[i])];
+    sc.ordered[i] = {g.cost, sc.order[i], g.v1 - g.v0};
+  }
   // The estimate's order and suffix sums are built on first use (a batch that needs no split
   // never builds them).
   bool have_by_len = false;
@@ -705,7 +773,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     } else {
       for (size_t i = 0; i < G; ++i)
         sc.keys[i] = uint64_t(max_len - (int64_t(sc.groups[i].v1) - sc.groups[i].v0));
-      radix_order(sc.by_len, sc.order_tmp, sc.keys, sc.radix_count);
+      radix_order(sc.by_len, sc.order_tmp, sc.keys, sc.radix_count, sc.packed_keys);
     }
     sc.suffix_cost.resize(G + 1);
     sc.suffix_max.resize(G + 1);
@@ -737,7 +805,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   const int64_t unsplit_items = int64_t(sc.groups.size()) * H;
 
   // ---- split size ----------------------------------------------------------------------------
-  const Problem pb{&sc.groups,  &sc.order,     &sc.by_len, &sc.suffix_cost, &sc.suffix_max, align,
+  const Problem pb{&sc.groups,  &sc.ordered,   &sc.by_len, &sc.suffix_cost, &sc.suffix_max, align,
                    slice_heads, slice_workers, cm};
   // Estimates are memoised per split size: the binary search and the bounds ask for the same ones.
   sc.estimates.clear();
