@@ -46,6 +46,13 @@ struct Ordered {
   int32_t len;   // visible KV tokens: cut for a split size S iff len > S
 };
 
+// A group in the estimate's order (by visible length, longest first): its length and the cost of
+// one of its chunks without the KV tokens. Read sequentially by every estimate.
+struct Lengthwise {
+  int64_t len;
+  int64_t chunk_base;  // per_item + (per_query_row + per_partial_row) x rows
+};
+
 // How a group is cut for one split size: n chunks of `piece` tokens, the last one shorter.
 struct Cut {
   int32_t piece;
@@ -135,10 +142,11 @@ struct Estimate {
 // One candidate schedule of a slice.
 struct Schedule {
   int32_t split = kNoSplit;
-  std::vector<Cut> cuts;        // per group
+  std::vector<Cut> cuts;        // per group; set for the groups this split size cuts only
   std::vector<Class> classes;   // chunks of split groups, longest first
   std::vector<Class> classes_tmp;
   std::vector<uint64_t> class_keys;
+  std::vector<int32_t> class_at;  // class index by (group, is its last chunk), for the sort
   std::vector<Assign> assigns;  // in assignment order
   std::vector<std::pair<int64_t, size_t>> runs;  // assigns in runs of equal cost: (cost, count)
   size_t num_runs = 0;                           // runs[0, num_runs) are this schedule's
@@ -155,8 +163,12 @@ struct Problem {
   // Groups by visible length, longest first, with suffix sums and maxima of their unsplit costs:
   // the groups a split size S cuts are a prefix of this order.
   const std::vector<int32_t>* by_len;
+  const std::vector<Lengthwise>* lengthwise;  // the groups in by_len
   const std::vector<int64_t>* suffix_cost;
   const std::vector<int64_t>* suffix_max;
+  int64_t max_len;        // longest visible range: no split size at or above it cuts anything
+  int64_t unsplit_total;  // sum of the groups' unsplit costs (one head)
+  int64_t max_cost;       // largest unsplit cost
   int64_t align;
   int slice_heads, slice_workers;
   CostModel cm;
@@ -209,6 +221,7 @@ struct Planner::Scratch {
   std::vector<Group> groups;
   std::vector<int32_t> order, order_tmp, by_len;
   std::vector<Ordered> ordered;  // the groups in `order`
+  std::vector<Lengthwise> lengthwise;  // the groups in `by_len`
   std::vector<int64_t> suffix_cost, suffix_max;
   std::vector<uint64_t> keys, packed_keys;
   std::vector<uint32_t> radix_count;
@@ -520,29 +533,34 @@ bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split
   s.split = split;
   s.cuts.resize(groups.size());
   s.classes.clear();
-  s.total = 0;
-  s.largest = 0;
+  s.total = pb.unsplit_total;
+  s.largest = pb.max_cost;
   int64_t num_items = int64_t(groups.size());
+  // The groups this split size cuts are the longest: a prefix of by_len (built by the caller when
+  // split < max_len); the others count through by_len's suffix sums, without a visit.
+  size_t num_cut = 0;
+  if (split < pb.max_len) {
+    const auto& lw = *pb.lengthwise;
+    num_cut = size_t(std::partition_point(lw.begin(), lw.end(),
+                                          [&](const Lengthwise& g) { return g.len > split; }) -
+                     lw.begin());
+    // The rest, by_len[num_cut, G), unsplit (num_cut >= 1: the longest group is cut).
+    s.total = (*pb.suffix_cost)[num_cut];
+    s.largest = (*pb.suffix_max)[num_cut];
+  }
   const Cutter cut_range(split, pb.align, balanced);
   int64_t memo_len = -1;
   Cut memo_cut{};
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    const Group& g = groups[gi];
-    const int64_t L = int64_t(g.v1) - g.v0;
-    if (L <= split) {
-      s.cuts[gi] = {int32_t(L), 1};
-      s.total += g.cost;
-      s.largest = std::max(s.largest, g.cost);
-      continue;
-    }
-    if (L != memo_len) {  // consecutive requests of one length cut alike: divide once
+  for (size_t i = 0; i < num_cut; ++i) {
+    const int64_t L = (*pb.lengthwise)[i].len, sbase = (*pb.lengthwise)[i].chunk_base;
+    const size_t gi = size_t((*pb.by_len)[i]);
+    if (L != memo_len) {  // requests of one length are adjacent and cut alike: divide once
       memo_len = L;
       memo_cut = cut_range(L);
     }
     const Cut c = memo_cut;
     s.cuts[gi] = c;
     num_items += c.n - 1;
-    const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
     const int64_t last = L - int64_t(c.n - 1) * c.piece;
     const int64_t big = sbase + cm.per_kv_token * c.piece, small = sbase + cm.per_kv_token * last;
     if (last == c.piece) {
@@ -562,25 +580,34 @@ bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split
     if (a.group != b.group) return a.group < b.group;
     return a.chunk_begin < b.chunk_begin;
   };
-  // Built in group order, so batches of equal lengths arrive sorted: check before sorting.
+  // Built in length order, stable in group order, so batches of equal lengths arrive sorted: check
+  // before sorting.
   if (!std::is_sorted(s.classes.begin(), s.classes.end(), longer)) {
-    // Ties keep the build order (group, then chunk), so one integer key sorts them: the cost below
-    // the longest, then the build index. std::sort on integers is several times faster than on the
-    // three-field comparison (a skewed batch sorts its classes for every candidate it schedules).
+    // A group has at most two classes, its last chunk's second, so one integer key sorts them:
+    // the cost below the longest, then (group, is the last chunk). std::sort on integers is
+    // several times faster than on the three-field comparison (a skewed batch sorts its classes
+    // for every candidate it schedules); class_at maps a key's low bits back to its class.
     const size_t C = s.classes.size();
     int64_t lo = s.classes[0].cost, hi = lo;
     for (const Class& c : s.classes) {
       lo = std::min(lo, c.cost);
       hi = std::max(hi, c.cost);
     }
-    const int index_bits = std::bit_width(C - 1);
+    const int index_bits = std::bit_width(2 * groups.size() - 1);
     if (std::bit_width(uint64_t(hi - lo)) + index_bits <= 64) {
       s.class_keys.resize(C);
-      for (size_t i = 0; i < C; ++i) s.class_keys[i] = uint64_t(hi - s.classes[i].cost) << index_bits | i;
+      if (s.class_at.size() < 2 * groups.size()) s.class_at.resize(2 * groups.size());
+      for (size_t i = 0; i < C; ++i) {
+        const Class& c = s.classes[i];
+        const uint64_t at = uint64_t(c.group) << 1 | (c.chunk_begin > 0 ? 1 : 0);
+        s.class_at[at] = int32_t(i);
+        s.class_keys[i] = uint64_t(hi - c.cost) << index_bits | at;
+      }
       std::sort(s.class_keys.begin(), s.class_keys.end());
       s.classes_tmp.resize(C);
       const uint64_t index_mask = (uint64_t(1) << index_bits) - 1;
-      for (size_t i = 0; i < C; ++i) s.classes_tmp[i] = s.classes[size_t(s.class_keys[i] & index_mask)];
+      for (size_t i = 0; i < C; ++i)
+        s.classes_tmp[i] = s.classes[size_t(s.class_at[s.class_keys[i] & index_mask])];
       s.classes.swap(s.classes_tmp);
     } else {
       std::sort(s.classes.begin(), s.classes.end(), longer);
@@ -650,21 +677,18 @@ bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split
 Estimate estimate(const Problem& pb, int32_t split) {
   Estimate e;
   const CostModel& cm = pb.cm;
-  const std::vector<Group>& groups = *pb.groups;
-  const std::vector<int32_t>& by_len = *pb.by_len;
+  const std::vector<Lengthwise>& by_len = *pb.lengthwise;
   const Cutter cut_range(split, pb.align, true);
   size_t i = 0;
-  // Runs of equal (length, rows) cut alike: one cut per run (a uniform batch is one run).
-  int64_t run_len = -1, run_rows = -1, run_total = 0, run_largest = 0, run_items = 0;
+  // Runs of equal (length, chunk base) cut alike: one cut per run (a uniform batch is one run).
+  int64_t run_len = -1, run_base = -1, run_total = 0, run_largest = 0, run_items = 0;
   for (; i < by_len.size(); ++i) {
-    const Group& g = groups[size_t(by_len[i])];
-    const int64_t L = int64_t(g.v1) - g.v0;
+    const int64_t L = by_len[i].len, sbase = by_len[i].chunk_base;
     if (L <= split) break;
-    if (L != run_len || g.rows != run_rows) {
+    if (L != run_len || sbase != run_base) {
       run_len = L;
-      run_rows = g.rows;
+      run_base = sbase;
       const Cut c = cut_range(L);
-      const int64_t sbase = cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows;
       run_total = sbase * c.n + cm.per_kv_token * L;
       run_largest = sbase + cm.per_kv_token * c.piece;
       run_items = c.n;
@@ -775,6 +799,11 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
         sc.keys[i] = uint64_t(max_len - (int64_t(sc.groups[i].v1) - sc.groups[i].v0));
       radix_order(sc.by_len, sc.order_tmp, sc.keys, sc.radix_count, sc.packed_keys);
     }
+    sc.lengthwise.resize(G);
+    for (size_t i = 0; i < G; ++i) {
+      const Group& g = sc.groups[size_t(sc.by_len[i])];
+      sc.lengthwise[i] = {int64_t(g.v1) - g.v0, cm.per_item + (cm.per_query_row + cm.per_partial_row) * g.rows};
+    }
     sc.suffix_cost.resize(G + 1);
     sc.suffix_max.resize(G + 1);
     sc.suffix_cost[G] = sc.suffix_max[G] = 0;
@@ -805,8 +834,15 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   const int64_t unsplit_items = int64_t(sc.groups.size()) * H;
 
   // ---- split size ----------------------------------------------------------------------------
-  const Problem pb{&sc.groups,  &sc.ordered,   &sc.by_len, &sc.suffix_cost, &sc.suffix_max, align,
-                   slice_heads, slice_workers, cm};
+  const Problem pb{&sc.groups,     &sc.ordered, &sc.by_len,   &sc.lengthwise, &sc.suffix_cost,
+                   &sc.suffix_max, max_len,     unsplit_total, max_cost,       align,
+                   slice_heads,    slice_workers, cm};
+  // schedule() finds the groups a split size cuts through by_len.
+  auto schedule_split = [&](Schedule& s, int32_t split, bool balanced,
+                            int64_t give_up = std::numeric_limits<int64_t>::max()) {
+    if (split < max_len && !have_by_len) build_by_len();
+    return schedule(s, sc.tree, pb, split, balanced, give_up);
+  };
   // Estimates are memoised per split size: the binary search and the bounds ask for the same ones.
   sc.estimates.clear();
   auto est = [&](int32_t split) {
@@ -823,9 +859,9 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     return split_budget < 0 || slice_items * slices - unsplit_items <= split_budget;
   };
   if (opt.disable_split_kv || max_len == 0) {
-    schedule(sc.best, sc.tree, pb, kNoSplit, true);
+    schedule_split(sc.best, kNoSplit, true);
   } else if (opt.fixed_split_size > 0) {
-    schedule(sc.best, sc.tree, pb, opt.fixed_split_size, false);
+    schedule_split(sc.best, opt.fixed_split_size, false);
     KVATTN_CHECK(
         fits(int64_t(sc.best.assigns.size())), "fixed_split_size = ", opt.fixed_split_size,
         " adds ", int64_t(sc.best.assigns.size()) * slices - unsplit_items,
@@ -866,7 +902,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     }
     // Graph mode: the first candidate that fits the split budget (no split always fits).
     while (k0 < K - 1 && !fits(est(sc.candidates[size_t(k0)]).items)) ++k0;
-    schedule(sc.best, sc.tree, pb, sc.candidates[size_t(k0)], true);
+    schedule_split(sc.best, sc.candidates[size_t(k0)], true);
     // Branch and bound over the other candidates, only when the first schedule is more than 1/24
     // above its own mean, or when its mean is more than twice the batch's unsplit mean (splitting
     // only adds cost: short chunks can balance well around a mean inflated by their per-item and
@@ -911,7 +947,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
         if (c.bound * 256 >= sc.best.makespan * 255 || spent >= budget) break;
         // The trial replaces the best only below best x 255/256: it gives up at that load.
         const int64_t give_up = (sc.best.makespan * 255 + 255) / 256;
-        const bool done = schedule(sc.trial, sc.tree, pb, sc.candidates[size_t(c.k)], true, give_up);
+        const bool done = schedule_split(sc.trial, sc.candidates[size_t(c.k)], true, give_up);
         spent += int64_t(sc.trial.assigns.size());
         if (done && sc.trial.makespan * 256 < sc.best.makespan * 255) std::swap(sc.trial, sc.best);
       }
@@ -924,7 +960,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
       const Estimate e = est(kNoSplit);
       const int64_t bound = std::max(e.largest, (e.total + slice_workers - 1) / slice_workers);
       if (bound * 256 < sc.best.makespan * 255) {
-        if (schedule(sc.trial, sc.tree, pb, kNoSplit, true, sc.best.makespan + 1))
+        if (schedule_split(sc.trial, kNoSplit, true, sc.best.makespan + 1))
           std::swap(sc.trial, sc.best);
       }
     }
@@ -938,8 +974,8 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   // gi's chunks at slot_base[gi] inside; likewise merge entries with head_merges per head.
   int64_t head_merges = 0, head_slots = 0, split_rows = 0;
   for (size_t gi = 0; gi < sc.groups.size(); ++gi) {
+    if (sc.groups[gi].v1 - sc.groups[gi].v0 <= best.split) continue;  // not cut (no cuts[gi])
     const Cut& c = best.cuts[gi];
-    if (c.n <= 1) continue;
     sc.slot_base[gi] = int32_t(head_slots);
     sc.merge_base[gi] = int32_t(head_merges);
     head_slots += c.n;
@@ -1008,18 +1044,23 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   for (int w = 0; w < slice_workers; ++w) sc.cursor[size_t(w)] = p.worker_begin_[size_t(w)];
   for (const Assign& a : best.assigns) {
     const Group& g = sc.groups[size_t(a.group)];
-    const Cut& cut = best.cuts[size_t(a.group)];
     WorkItem it;
     it.request = g.request;
     it.kv_head = int16_t(a.head);
     it.active = true;
     it.q_begin = g.q_begin;
     it.q_end = g.q_end;
-    it.kv_begin = g.v0 + a.chunk * cut.piece;
-    it.kv_end = cut.n == 1 ? g.v1 : std::min<int32_t>(g.v1, it.kv_begin + cut.piece);
+    it.kv_begin = g.v0;
+    it.kv_end = g.v1;
     it.worker = a.worker;
     const int32_t slot0 = sc.slot_base[size_t(a.group)];
-    it.partial_slot = slot0 < 0 ? -1 : int32_t(a.head * head_slots + slot0 + a.chunk);
+    it.partial_slot = -1;
+    if (slot0 >= 0) {  // a chunk of a cut group (only those have best.cuts)
+      const Cut& cut = best.cuts[size_t(a.group)];
+      it.kv_begin = g.v0 + a.chunk * cut.piece;
+      it.kv_end = std::min<int32_t>(g.v1, it.kv_begin + cut.piece);
+      it.partial_slot = int32_t(a.head * head_slots + slot0 + a.chunk);
+    }
     items[sc.cursor[size_t(a.worker)]++] = it;
   }
   for (int s = 1; s < stored_slices; ++s)
