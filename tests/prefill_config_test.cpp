@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <set>
+#include <string>
 
 #if KVATTN_WITH_CUDA
+#include "cuda/kernel_registry.h"
 #include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "support/expect_error.h"
@@ -123,6 +126,39 @@ TEST(PrefillConfig, NamesAreDistinct) {
   EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1");
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
   EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0");
+}
+
+// Device-resident page ids take the checking twin of a paged kernel (`_dids`): its own name (the
+// JIT cache key), its own template argument, and the default preset lists both of every paged
+// kernel, so CI compiles them. The flag means nothing for ragged KV.
+TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
+  auto host = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 1, 4096);
+  EXPECT_FALSE(host.checked_ids);  // the choice itself never asks for checks
+  auto device = host;
+  device.checked_ids = true;
+  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1");
+  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1");
+  const auto host_spec = kvattn::cuda::prefill_spec(host, "sm_90a"), device_spec = kvattn::cuda::prefill_spec(device, "sm_90a");
+  EXPECT_NE(host_spec.source.find("1u, false, false>"), std::string::npos) << host_spec.source;
+  EXPECT_NE(device_spec.source.find("1u, false, true>"), std::string::npos) << device_spec.source;
+  auto ragged = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 0, 1, 4096);
+  auto ragged_flagged = ragged;
+  ragged_flagged.checked_ids = true;
+  EXPECT_EQ(ragged.name(), ragged_flagged.name());
+  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false>"), std::string::npos);
+
+  std::set<std::string> names;
+  for (const auto& k : kvattn::cuda::find_preset("default").kernels) names.insert(k.name);
+  int paged = 0;
+  for (const std::string& n : names) {
+    if (n.find("prefill_") != 0 || n.find("_paged") == std::string::npos || n.find("_dids") != std::string::npos)
+      continue;
+    ++paged;
+    std::string twin = n;
+    twin.insert(twin.find("_f", twin.find("_paged")), "_dids");
+    EXPECT_TRUE(names.count(twin)) << n << " has no device-id twin " << twin;
+  }
+  EXPECT_GE(paged, 8);
 }
 
 // KVATTN_PREFILL_VARIANT picks the long shape at plan time (set here, restored after).
