@@ -28,7 +28,6 @@ static_assert(sizeof(DeviceMergeEntry) == sizeof(MergeEntry) &&
 
 namespace {
 constexpr int64_t kAlign = 256;
-constexpr int64_t kErrorWords = kPageErrorWords;  // DecodeParams::error
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the plan's sections in the workspace: the partial states (sized by the
@@ -159,7 +158,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   L.indptr = L.merge_counters + merge_cap * head_chunks * 4;
   L.last_page_len = L.indptr + (batch_cap + 1) * 4;
   L.error = L.last_page_len + batch_cap * 4;
-  L.indices = L.error + kErrorWords * 4;
+  L.indices = L.error + kPageErrorWords * 4;
   const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
   L.end = L.indices + nnz * 4;
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
@@ -194,7 +193,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   std::memset(host + L.merge_counters, 0, size_t(merge_cap * head_chunks) * 4);
   std::memcpy(host + L.indptr, pr.kv_indptr.data(), pr.kv_indptr.size_bytes());
   std::memcpy(host + L.last_page_len, pr.kv_last_page_len.data(), pr.kv_last_page_len.size_bytes());
-  std::memset(host + L.error, 0, kErrorWords * 4);
+  std::memset(host + L.error, 0, kPageErrorWords * 4);
   if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
   trace.mark("stage");

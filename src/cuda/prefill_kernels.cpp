@@ -24,10 +24,12 @@ std::string PrefillKernelConfig::name() const {
   add("_k", std::to_string(kv_tile));
   add("_s", std::to_string(stages));
   if (min_blocks > 1) add("_b", std::to_string(min_blocks));
-  if (paged)
-    add("_paged", std::to_string(page_size)), n += checked_ids ? "_dids" : "";
-  else
+  if (paged) {
+    add("_paged", std::to_string(page_size));
+    if (checked_ids) n += "_dids";
+  } else {
     n += "_ragged";
+  }
   add("_f", std::to_string(features));
   if (fast_tanh && (features & kernels::kSoftCap)) n += "_tanhx";
   return n;
