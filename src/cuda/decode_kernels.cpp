@@ -213,7 +213,6 @@ KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arc
   spec.source = "#include \"kernels/decode/persistent.cuh\"\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kDecodeMergeThreads) +
                 ") " + spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
-                "  kvattn::kernels::wait_for_prerequisite_grid();\n"
                 "  kvattn::kernels::decode::merge_partials<" + code(c.o_dtype) + ", " +
                 std::to_string(c.head_dim_vo) + ", " + std::to_string(sigmoid ? kernels::kSigmoid : 0u) +
                 "u>(p);\n}\n";

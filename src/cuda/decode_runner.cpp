@@ -15,13 +15,17 @@
 namespace kvattn::cuda {
 
 using kernels::DeviceMergeEntry;
-using kernels::DeviceWorkItem;
+using kernels::DeviceDecodeItem;
 
-static_assert(sizeof(DeviceWorkItem) == sizeof(WorkItem) &&
-                  offsetof(DeviceWorkItem, kv_begin) == offsetof(WorkItem, kv_begin) &&
-                  offsetof(DeviceWorkItem, partial_slot) == offsetof(WorkItem, partial_slot) &&
-                  offsetof(DeviceWorkItem, active) == offsetof(WorkItem, active),
-              "device work items mirror the planner's");
+static_assert(sizeof(DeviceDecodeItem) == sizeof(WorkItem) &&
+                  offsetof(DeviceDecodeItem, kv_head) == offsetof(WorkItem, kv_head) &&
+                  offsetof(DeviceDecodeItem, active) == offsetof(WorkItem, active) &&
+                  offsetof(DeviceDecodeItem, page_base) == offsetof(WorkItem, q_begin) &&
+                  offsetof(DeviceDecodeItem, kv_len) == offsetof(WorkItem, q_end) &&
+                  offsetof(DeviceDecodeItem, kv_begin) == offsetof(WorkItem, kv_begin) &&
+                  offsetof(DeviceDecodeItem, worker) == offsetof(WorkItem, worker) &&
+                  offsetof(DeviceDecodeItem, partial_slot) == offsetof(WorkItem, partial_slot),
+              "decode items are the planner's, with the query range replaced by the page run");
 static_assert(sizeof(DeviceMergeEntry) == sizeof(MergeEntry) &&
                   offsetof(DeviceMergeEntry, num_slots) == offsetof(MergeEntry, num_slots),
               "device merge entries mirror the planner's");
@@ -33,10 +37,22 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 // Byte offsets of the plan's sections in the workspace: the partial states (sized by the
 // capacity) first, then the metadata, then the page ids, so that one copy moves metadata and page
 // ids together and a graph-mode re-plan moves nothing that a captured launch points at.
+// Rewrites the first n staged items as the decode kernels read them (DeviceDecodeItem): each
+// active item's query range, [request, request + 1) in decode, becomes its request's page run.
+void attach_page_runs(WorkItem* items, int64_t n, std::span<const int32_t> kv_indptr,
+                      std::span<const int32_t> kv_len) {
+  for (int64_t i = 0; i < n; ++i) {
+    WorkItem& w = items[i];
+    if (!w.active) continue;
+    w.q_begin = kv_indptr[size_t(w.request)];  // DeviceDecodeItem::page_base
+    w.q_end = kv_len[size_t(w.request)];       // DeviceDecodeItem::kv_len
+  }
+}
+
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
   int64_t items = 0, worker_begin = 0, slice_slots = 0, merges = 0, slot_merge = 0, merge_counters = 0,
-          indptr = 0, last_page_len = 0, error = 0, indices = 0, end = 0;
+          error = 0, indices = 0, end = 0;
   int64_t meta_begin() const { return items; }
 };
 
@@ -137,8 +153,6 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   trace.mark("planner");
 
   // Lay out the workspace.
-  const int64_t batch = int64_t(pr.kv_len.size());
-  const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
   const int64_t rows = plan.partial_slot_rows();
   const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
   // The plan holds slice 0 only, and only slice 0 is staged (kernels/decode/persistent.cuh
@@ -155,9 +169,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   L.merges = L.slice_slots + 4;
   L.slot_merge = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
   L.merge_counters = L.slot_merge + plan.slot_capacity() * 4;
-  L.indptr = L.merge_counters + merge_cap * head_chunks * 4;
-  L.last_page_len = L.indptr + (batch_cap + 1) * 4;
-  L.error = L.last_page_len + batch_cap * 4;
+  L.error = L.merge_counters + merge_cap * head_chunks * 4;
   L.indices = L.error + kPageErrorWords * 4;
   const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
   L.end = L.indices + nnz * 4;
@@ -182,6 +194,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
     for (int w = 0; w <= slice_workers; ++w) wb[w] = 0;
   }
   wb[slice_workers] = int32_t(pos);
+  attach_page_runs(items, pos, pr.kv_indptr, pr.kv_len);
   *reinterpret_cast<int32_t*>(host + L.slice_slots) = int32_t(plan.slice_slots());
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
   auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
@@ -191,8 +204,6 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
     for (int32_t s = m.slot_begin; s < m.slot_begin + m.num_slots; ++s) slot_merge[s] = int32_t(i);
   }
   std::memset(host + L.merge_counters, 0, size_t(merge_cap * head_chunks) * 4);
-  std::memcpy(host + L.indptr, pr.kv_indptr.data(), pr.kv_indptr.size_bytes());
-  std::memcpy(host + L.last_page_len, pr.kv_last_page_len.data(), pr.kv_last_page_len.size_bytes());
   std::memset(host + L.error, 0, kPageErrorWords * 4);
   if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
@@ -201,12 +212,10 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   trace.mark("copy");
 
   kernels::DecodeParams b{};
-  b.kv_indptr = reinterpret_cast<const int32_t*>(ws + L.indptr);
   b.kv_indices = pr.device_kv_indices ? pr.device_kv_indices : reinterpret_cast<const int32_t*>(ws + L.indices);
   b.error = reinterpret_cast<int32_t*>(ws + L.error);
-  b.kv_last_page_len = reinterpret_cast<const int32_t*>(ws + L.last_page_len);
   b.page_size = pr.page_size;
-  b.items = reinterpret_cast<const DeviceWorkItem*>(ws + L.items);
+  b.items = reinterpret_cast<const DeviceDecodeItem*>(ws + L.items);
   b.worker_begin = reinterpret_cast<const int32_t*>(ws + L.worker_begin);
   b.slice_slots = reinterpret_cast<const int32_t*>(ws + L.slice_slots);
   b.slices = slices;
@@ -224,7 +233,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   b.variant = pr.variant;
   // The merge kernel's shape (common/merge_rows.cuh): warps per head from the most slots an entry
   // has; a captured launch keeps its shape, so graph mode takes a fixed middle value.
-  b.merge_row_warps = opts.cuda_graph ? 4 : kernels::merge_row_warps_for(plan.max_merge_slots());
+  // About 4 slots per warp: one round of loads in flight (1 x 4096 +2%, 1 x 32k + 63 x 512 +1% on
+  // the H200 against 8 per warp, docs/PERFORMANCE.md, session 9).
+  b.merge_row_warps = opts.cuda_graph ? 4 : kernels::merge_row_warps_for(plan.max_merge_slots(), 4);
   const int heads_per_merge_cta = kernels::kMergeRowWarps / b.merge_row_warps;
 
   config_ = cfg;

@@ -20,10 +20,11 @@ constexpr int kMergeRowWarps = 8;
 constexpr int kMergeRowThreads = 32 * kMergeRowWarps;
 
 // Warps per row for merge entries of at most max_slots slots: enough that each warp has about
-// 8 slots (two rounds of loads), at most the CTA. Host code calls this at plan() time.
-KVATTN_HD int merge_row_warps_for(int max_slots) {
+// slots_per_warp slots (8: two rounds of loads; decode takes 4, one round), at most the CTA. Host
+// code calls this at plan() time.
+KVATTN_HD int merge_row_warps_for(int max_slots, int slots_per_warp = 8) {
   int w = 1;
-  while (w < kMergeRowWarps && w * 8 < max_slots) w *= 2;
+  while (w < kMergeRowWarps && w * slots_per_warp < max_slots) w *= 2;
   return w;
 }
 

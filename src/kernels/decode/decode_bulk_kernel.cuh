@@ -148,15 +148,13 @@ struct DecodeBulkKernel {
                 "bulk copies need 16-byte aligned rows of 16-byte multiples; mbarriers 8-byte alignment");
   static_assert(16 * (kRowBytesK + kRowBytesV) < (1 << 20), "a phase's transaction count fits");
 
-  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
+  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceDecodeItem& item) {
     using namespace bulk_detail;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;
     const int ps = PAGE > 0 ? PAGE : p.page_size;
-    const int32_t page_base = p.kv_indptr[item.request];
-    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
-    const int32_t kv_len = n_pages == 0 ? 0 : (n_pages - 1) * ps + p.kv_last_page_len[item.request];
+    const int32_t page_base = item.page_base, kv_len = item.kv_len;
     const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
 
     // This lane's row: token warp * 16 + lane % 16 of every tile, of K (lanes 0-15) or V (16-31).

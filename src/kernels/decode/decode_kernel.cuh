@@ -222,14 +222,11 @@ struct DecodeKernel {
     }
   }
 
-  static __device__ void run_item(const DecodeParams& p, char* smem_base, const DeviceWorkItem& item) {
+  static __device__ void run_item(const DecodeParams& p, char* smem_base, const DeviceDecodeItem& item) {
     const Smem s = carve(smem_base);
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;  // first query head of this CTA
-    const int32_t page_base = p.kv_indptr[item.request];
-    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
-    const int32_t kv_len =
-        n_pages == 0 ? 0 : (n_pages - 1) * (PAGE > 0 ? PAGE : p.page_size) + p.kv_last_page_len[item.request];
+    const int32_t page_base = item.page_base, kv_len = item.kv_len;
     const int32_t n_tiles = (item.kv_end - item.kv_begin + TILE - 1) / TILE;
 
     // Start the pipeline before touching q, so the loads are in flight while q is prepared.

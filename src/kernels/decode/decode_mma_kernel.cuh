@@ -107,7 +107,7 @@ struct DecodeMmaKernel {
 
   // q rows [16][DQK] in the MMA type at `qs` (pitch kPitchQ); rows past GH are zero. The caller
   // synchronises before the rows are read.
-  static __device__ __forceinline__ void stage_q(const DecodeParams& p, char* qs, const DeviceWorkItem& item,
+  static __device__ __forceinline__ void stage_q(const DecodeParams& p, char* qs, const DeviceDecodeItem& item,
                                                  int head0) {
     for (int i = threadIdx.x; i < 16 * DQK / 2; i += kThreads) {
       const int row = i / (DQK / 2), e = 2 * (i % (DQK / 2));
@@ -155,7 +155,7 @@ struct DecodeMmaKernel {
   // (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel and
   // DecodeTmaKernel.
   template <bool SWIZZLED = false>
-  static __device__ __forceinline__ void tile_math(const DecodeParams& p, const DeviceWorkItem& item,
+  static __device__ __forceinline__ void tile_math(const DecodeParams& p, const DeviceDecodeItem& item,
                                                    const char* ks_base, const char* vs_base,
                                                    const uint32_t (&qfrag)[kQInRegisters ? DQK / 16 : 1][4],
                                                    const char* qs, int32_t tok0, int head0, int32_t kv_len,
@@ -248,7 +248,7 @@ struct DecodeMmaKernel {
   // Merges the warps' states through shared memory (aliasing the K/V stages, so every warp must be
   // done with them) and writes the rows out, or a split row's partial state to the workspace.
   static __device__ __forceinline__ void merge_and_store(const DecodeParams& p, char* smem,
-                                                         const DeviceWorkItem& item, int head0, int group,
+                                                         const DeviceDecodeItem& item, int head0, int group,
                                                          float (&m)[2], float (&d)[2],
                                                          float (&acc)[DVO / 8][4], bool poisoned) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -309,14 +309,11 @@ struct DecodeMmaKernel {
     fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
   }
 
-  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
+  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceDecodeItem& item) {
     const int warp = threadIdx.x / 32;
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;
-    const int32_t page_base = p.kv_indptr[item.request];
-    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
-    const int32_t kv_len = n_pages == 0 ? 0
-        : (n_pages - 1) * (PAGE > 0 ? PAGE : p.page_size) + p.kv_last_page_len[item.request];
+    const int32_t page_base = item.page_base, kv_len = item.kv_len;
     const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
 
     int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);

@@ -85,16 +85,13 @@ struct DecodeMmaTKernel {
   static constexpr int kSmemBytes = kBigBytes + 16 * kPitchQ + kRingBytes;
   static_assert(kSmemBytes == mma_t_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
 
-  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceWorkItem& item) {
+  static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceDecodeItem& item) {
     using namespace mma_t_detail;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;
-    const int32_t page_base = p.kv_indptr[item.request];
-    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
-    const int32_t kv_len = n_pages == 0 ? 0
-        : (n_pages - 1) * (PAGE > 0 ? PAGE : p.page_size) + p.kv_last_page_len[item.request];
+    const int32_t page_base = item.page_base, kv_len = item.kv_len;
     const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
 
     int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);

@@ -81,7 +81,7 @@ struct DecodeTmaKernel {
   static_assert(kSmemBytes == tma_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
   static_assert(kWarpBytes % 1024 == 0 && kBarOffset % 8 == 0, "1024-byte aligned boxes; aligned barriers");
 
-  static __device__ void run_item(const DecodeParams& p, char* smem_raw, const DeviceWorkItem& item) {
+  static __device__ void run_item(const DecodeParams& p, char* smem_raw, const DeviceDecodeItem& item) {
     using namespace bulk_detail;
     using namespace tma_detail;
     // The swizzle pattern follows address bits 7-9: the boxes start on 1024-byte boundaries.
@@ -90,9 +90,7 @@ struct DecodeTmaKernel {
     const int group = p.num_qo_heads / p.num_kv_heads;
     const int head0 = item.kv_head * group + blockIdx.y * GH;
     const int ps = PAGE > 0 ? PAGE : p.page_size;
-    const int32_t page_base = p.kv_indptr[item.request];
-    const int32_t n_pages = p.kv_indptr[item.request + 1] - page_base;
-    const int32_t kv_len = n_pages == 0 ? 0 : (n_pages - 1) * ps + p.kv_last_page_len[item.request];
+    const int32_t page_base = item.page_base, kv_len = item.kv_len;
     const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
 
     // This lane's row on the cp.async path: token warp * 16 + lane % 16 of every tile, of K (lanes

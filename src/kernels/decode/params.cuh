@@ -19,6 +19,23 @@ struct DeviceWorkItem {
   int32_t partial_slot;      // -1: write the final output; else the slot of a split row
 };
 
+// A decode CTA's work item as DecodeRunner stages it: the planner's WorkItem (same 32 bytes) with
+// the query range, always [request, request + 1) in decode, replaced by the request's page run.
+// Why: a CTA's first page-id loads then wait for this one load only, not for kv_indptr and
+// kv_last_page_len after it (one DRAM round trip less before the first K/V bytes are asked for;
+// the stamps of 1 x 32k showed 7 us from a CTA's start to its first tile).
+struct DeviceDecodeItem {
+  int32_t request;
+  int16_t kv_head;
+  bool active;
+  uint8_t reserved;
+  int32_t page_base;  // kv_indptr[request]: the request's first entry in kv_indices
+  int32_t kv_len;     // the request's KV tokens
+  int32_t kv_begin, kv_end;  // this item's tokens of the request, [begin, end)
+  int32_t worker;
+  int32_t partial_slot;      // -1: write the final output; else the slot of a split row
+};
+
 // Partial slots [slot_begin, slot_begin + num_slots) fold into rows [q_begin, q_end) of a request
 // for the heads of kv_head. request < 0: an unused entry of a CUDA-graph plan.
 struct DeviceMergeEntry {
@@ -47,10 +64,8 @@ struct DecodeParams {
   const void* v;
   int64_t k_stride_page, k_stride_token, k_stride_head;
   int64_t v_stride_page, v_stride_token, v_stride_head;
-  const int32_t* kv_indptr;
   const int32_t* kv_indices;  // the workspace's copy, or the caller's device-resident table
-  const int32_t* kv_last_page_len;
-  int32_t page_size;
+  int32_t page_size;          // (each item carries its request's page run: DeviceDecodeItem)
   int32_t num_pages;          // pages in the cache: page ids outside [0, num_pages) are errors
   int32_t* error;             // [flag, position, value, num_pages] of the first bad page id
 
@@ -59,7 +74,7 @@ struct DecodeParams {
   // item: CTA i runs items[i / slices] for slice i % slices (persistent.cuh).
   // Persistent grid: CTA w is worker w % slice_workers of slice w / slice_workers and runs items
   // [worker_begin[..], worker_begin[.. + 1]).
-  const DeviceWorkItem* items;
+  const DeviceDecodeItem* items;
   const int32_t* worker_begin;  // [slice_workers + 1]
   const int32_t* slice_slots;   // one int32 in the workspace: a re-plan changes it, slices do not
   int32_t slices, slice_heads, slice_workers;

@@ -13,9 +13,9 @@ namespace kvattn::kernels::decode {
 // Item `index` of slice 0, moved to slice `s` (params.cuh: the host stages slice 0 only). The
 // slot step is loaded together with the item, so a CTA's start waits for one load, not two in a
 // row (skewed batches run many short split items).
-__device__ __forceinline__ DeviceWorkItem slice_item(const DecodeParams& p, int32_t index, int32_t s) {
+__device__ __forceinline__ DeviceDecodeItem slice_item(const DecodeParams& p, int32_t index, int32_t s) {
   const int32_t slot_step = *p.slice_slots;
-  DeviceWorkItem item = p.items[index];
+  DeviceDecodeItem item = p.items[index];
   item.kv_head = int16_t(item.kv_head + s * p.slice_heads);
   item.worker += s * p.slice_workers;
   if (item.partial_slot >= 0) item.partial_slot += s * slot_step;
@@ -30,7 +30,7 @@ __device__ void run_worker(const DecodeParams& p, char* smem) {
   const int32_t s = int32_t(blockIdx.x) / p.slice_workers, w = int32_t(blockIdx.x) - s * p.slice_workers;
   const int32_t begin = p.worker_begin[w], end = p.worker_begin[w + 1];
   for (int32_t i = begin; i < end; ++i) {
-    const DeviceWorkItem item = slice_item(p, i, s);
+    const DeviceDecodeItem item = slice_item(p, i, s);
     if (!item.active) continue;
     Kernel::run_item(p, smem, item);
     __syncthreads();  // shared memory is reused by the next item
@@ -47,7 +47,7 @@ template <class Kernel>
 __device__ void run_one_item(const DecodeParams& p, char* smem) {
   if (p.merge_follows) allow_dependent_launch();  // the merge may start; it waits for this grid
   const int32_t index = int32_t(blockIdx.x) / p.slices;
-  const DeviceWorkItem item = slice_item(p, index, int32_t(blockIdx.x) - index * p.slices);
+  const DeviceDecodeItem item = slice_item(p, index, int32_t(blockIdx.x) - index * p.slices);
   if (item.active) Kernel::run_item(p, smem, item);
 }
 

@@ -43,10 +43,13 @@ __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int
 
 // The separate merge kernel's body: CTA (blockIdx.x, blockIdx.y) folds merge entry blockIdx.x's
 // group heads blockIdx.y x rows_per_cta + ..., p.merge_row_warps warps per head
-// (common/merge_rows.cuh).
+// (common/merge_rows.cuh). Launched with PDL it starts while the decode kernel runs: the entry
+// (written by plan(), before the decode kernel) is read before the wait for the decode grid, so
+// that its load (DRAM, after a cold start) is off the path from the last decode CTA to the output.
 template <int ODT, int DVO, uint32_t FEATURES>
 __device__ void merge_partials(const DecodeParams& p) {
   const DeviceMergeEntry m = p.merges[blockIdx.x];
+  wait_for_prerequisite_grid();
   if (m.request < 0) return;  // graph-mode padding: the whole CTA leaves
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int row_warps = p.merge_row_warps;
@@ -68,7 +71,7 @@ __device__ void merge_partials(const DecodeParams& p) {
 // asked for in-kernel folding (p.merge_counters set); then the CTA that completes the count of
 // (entry, blockIdx.y) folds that entry's heads of this chunk.
 template <int ODT, int DVO, uint32_t FEATURES>
-__device__ void fold_split_if_last(const DecodeParams& p, const DeviceWorkItem& item, int gh_begin, int gh_count) {
+__device__ void fold_split_if_last(const DecodeParams& p, const DeviceDecodeItem& item, int gh_begin, int gh_count) {
   if (item.partial_slot < 0 || p.merge_counters == nullptr) return;  // the same for the whole CTA
   __threadfence();  // this thread's partial stores are visible GPU-wide before the CTA is counted
   __syncthreads();
