@@ -253,24 +253,27 @@ struct DecodeMmaKernel {
                                                          float (&acc)[DVO / 8][4], bool poisoned) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;
-    // Merge the warps' states: per warp m[16], d[16], acc[16][DVO] in shared memory.
+    // Merge the warps' states: per warp m[16], d[16], acc[16][DVO] in shared memory, of which
+    // only the GH real rows are written and read (the M tile's other rows are padding; with a
+    // group of 4 that is a quarter of the stores).
     float* mw = reinterpret_cast<float*>(smem);
     float* dw = mw + WARPS * 16;
     float* aw = dw + WARPS * 16;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if (8 * r >= GH) break;  // rows 8-15 hold no head (a compile-time test)
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
       d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
       const int row = g + 8 * r;
+      if (row >= GH) continue;
       if (t4 == 0) {
         mw[warp * 16 + row] = m[r];
         dw[warp * 16 + row] = d[r];
       }
 #pragma unroll
-      for (int n = 0; n < DVO / 8; ++n) {
-        aw[(warp * 16 + row) * DVO + n * 8 + 2 * t4] = acc[n][2 * r];
-        aw[(warp * 16 + row) * DVO + n * 8 + 2 * t4 + 1] = acc[n][2 * r + 1];
-      }
+      for (int n = 0; n < DVO / 8; ++n)
+        *reinterpret_cast<float2*>(aw + (warp * 16 + row) * DVO + n * 8 + 2 * t4) =
+            make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
     }
     __syncthreads();
     const bool softmax_on = Variant::use_softmax(p.variant);
