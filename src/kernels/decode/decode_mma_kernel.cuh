@@ -277,35 +277,44 @@ struct DecodeMmaKernel {
     }
     __syncthreads();
     const bool softmax_on = Variant::use_softmax(p.variant);
-    for (int i = threadIdx.x; i < GH * DVO; i += kThreads) {
-      const int row = i / DVO, e = i % DVO;
+    // Four consecutive elements of one row per thread: one round for a group of 4 at DVO 128.
+    for (int i = threadIdx.x; i < GH * DVO / 4; i += kThreads) {
+      const int row = i / (DVO / 4), e = i % (DVO / 4) * 4;
       float mx = -INFINITY;
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, mw[w * 16 + row]);
-      float num = 0.0f, den = 0.0f;
+      float num[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) {
-        const float x = aw[(w * 16 + row) * DVO + e];
-        if (!softmax_on) { num += x; continue; }
-        const float mwv = mw[w * 16 + row];
-        const float wt = mwv == -INFINITY ? 0.0f : exp2f(mwv - mx);
-        num += wt * x;
-        den += wt * dw[w * 16 + row];
+        const float4 x4 = *reinterpret_cast<const float4*>(aw + (w * 16 + row) * DVO + e);
+        const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+        float wt = 1.0f;  // sigmoid attention: the plain sum
+        if (softmax_on) {
+          const float mwv = mw[w * 16 + row];
+          wt = mwv == -INFINITY ? 0.0f : exp2f(mwv - mx);
+          den += wt * dw[w * 16 + row];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) num[j] += wt * x[j];
       }
-      float o = num, lse = -INFINITY;
-      if (softmax_on) {
-        o = den > 0.0f ? num / den : 0.0f;
-        lse = den > 0.0f ? mx + log2f(den) : -INFINITY;
+      float o[4], lse = -INFINITY;
+      if (softmax_on) lse = den > 0.0f ? mx + log2f(den) : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        o[j] = softmax_on ? (den > 0.0f ? num[j] / den : 0.0f) : num[j];
+        o[j] = poisoned ? NAN : o[j] * p.variant.v_scale;
       }
-      o *= p.variant.v_scale;
-      if (poisoned) o = lse = NAN;
+      if (poisoned) lse = NAN;
       const int qo_head = head0 + row;
       if (item.partial_slot < 0) {
-        store_from_f32<ODT>(p.o, item.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
+        const int64_t at = item.request * p.o_stride_n + qo_head * p.o_stride_h + e;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) store_from_f32<ODT>(p.o, at + j, o[j]);
         if (p.lse && e == 0) p.lse[item.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
       } else {
         const int gh = qo_head - item.kv_head * group;
-        p.partial_o[(int64_t(item.partial_slot) * group + gh) * DVO + e] = o;
+        *reinterpret_cast<float4*>(p.partial_o + (int64_t(item.partial_slot) * group + gh) * DVO + e) =
+            make_float4(o[0], o[1], o[2], o[3]);
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
