@@ -116,22 +116,22 @@ void BM_PlanDecodeScaling(benchmark::State& s) {
 }
 
 // The decode benchmark's batches (kvattn bench decode, issue 4's plan() target) as the CUDA
-// decode runner plans them on the H200: 132 SMs x 2 CTAs of the bulk-copy kernel, workers rounded
-// down to a multiple of the KV heads, slice 0 stored only.
-kvattn::SchedulerOptions decode_runner(int slots, int kv_heads) {
-  kvattn::SchedulerOptions o = workers(slots - slots % kv_heads);
+// decode runner plans them on the H200: one worker per SM (132), rounded down to a multiple of
+// the KV heads (128), slice 0 stored only. Skewed batches run another kernel, with the same workers.
+kvattn::SchedulerOptions decode_runner(int sms, int kv_heads) {
+  kvattn::SchedulerOptions o = workers(sms - sms % kv_heads);
   o.slice_zero_only = true;
   return o;
 }
 void BM_PlanDecodeBench(benchmark::State& s, std::vector<int32_t> lens) {
   auto b = decode_batch(std::move(lens));
-  run_plan(s, b, decode_runner(264, 8));
+  run_plan(s, b, decode_runner(132, 8));
 }
 // MHA, 32/32 heads.
 void BM_PlanDecodeBenchMHA(benchmark::State& s, std::vector<int32_t> lens) {
   auto b = decode_batch(std::move(lens));
   b.inputs.num_kv_heads = 32;
-  run_plan(s, b, decode_runner(264, 32));
+  run_plan(s, b, decode_runner(132, 32));
 }
 BENCHMARK_CAPTURE(BM_PlanDecodeBenchMHA, b64_l4096, std::vector<int32_t>(64, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeBenchMHA, b256_l4096, std::vector<int32_t>(256, 4096));
@@ -143,14 +143,6 @@ BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l32768, std::vector<int32_t>(256, 327
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l512, std::vector<int32_t>(256, 512));
-
-// Skewed batches (longest >= 4x the mean) run the 2-stage bulk kernel, 3 CTAs per SM.
-void BM_PlanDecodeBenchSkewed(benchmark::State& s, std::vector<int32_t> lens) {
-  auto b = decode_batch(std::move(lens));
-  run_plan(s, b, decode_runner(396, 8));
-}
-BENCHMARK_CAPTURE(BM_PlanDecodeBenchSkewed, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
-BENCHMARK_CAPTURE(BM_PlanDecodeBenchSkewed, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));
 
 BENCHMARK(BM_PlanDecode256_Uniform512to16k);
 BENCHMARK(BM_PlanDecode256_Zipf4k);
