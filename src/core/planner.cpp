@@ -914,17 +914,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     // the best only if it is 1/256 better.
     const int64_t first_mean = (sc.best.total + slice_workers - 1) / slice_workers;
     const int64_t unsplit_mean = (unsplit_total * slice_heads + slice_workers - 1) / slice_workers;
-    // A balanced first schedule can still lose to the next larger split size, whose fewer items
-    // carry less per-item and partial-state cost: 1 x 32768 (8 KV heads) on 128 workers is 256
-    // chunks of 1,024 tokens, makespan 2,216, against 128 chunks of 2,048, 2,132 (one chunk per
-    // worker; on the H200 1 x 32k and 1 x 4096 ran 2-12% faster that way, PERFORMANCE.md session 9).
-    bool larger_can_beat = false;
-    if (k0 + 1 < K - 1) {
-      const Estimate e = est(sc.candidates[size_t(k0 + 1)]);
-      const int64_t bound = std::max(e.largest, (e.total + slice_workers - 1) / slice_workers);
-      larger_can_beat = fits(e.items) && bound * 256 < sc.best.makespan * 255;
-    }
-    if (sc.best.makespan * 24 > first_mean * 25 || first_mean > 2 * unsplit_mean || larger_can_beat) {
+    if (sc.best.makespan * 24 > first_mean * 25 || first_mean > 2 * unsplit_mean) {
       // Only candidates whose bound is below the first schedule's makespan (x 255/256) can be
       // tried (the best makespan only falls), so two exact shortcuts skip most estimates: the
       // total never falls as S shrinks (finer cuts only add items), so scanning S downwards
