@@ -34,9 +34,6 @@ namespace {
 constexpr int64_t kAlign = 256;
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-// Byte offsets of the plan's sections in the workspace: the partial states (sized by the
-// capacity) first, then the metadata, then the page ids, so that one copy moves metadata and page
-// ids together and a graph-mode re-plan moves nothing that a captured launch points at.
 // Rewrites the first n staged items as the decode kernels read them (DeviceDecodeItem): each
 // active item's query range, [request, request + 1) in decode, becomes its request's page run.
 void attach_page_runs(WorkItem* items, int64_t n, std::span<const int32_t> kv_indptr,
@@ -49,6 +46,9 @@ void attach_page_runs(WorkItem* items, int64_t n, std::span<const int32_t> kv_in
   }
 }
 
+// Byte offsets of the plan's sections in the workspace: the partial states (sized by the
+// capacity) first, then the metadata, then the page ids, so that one copy moves metadata and page
+// ids together and a graph-mode re-plan moves nothing that a captured launch points at.
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
   int64_t items = 0, worker_begin = 0, slice_slots = 0, merges = 0, slot_merge = 0, merge_counters = 0,
