@@ -194,6 +194,21 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
                       "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '7'");
 }
 
+// The default workers: one per SM for one CTA per item (rounded down to a multiple of the KV
+// heads when that leaves two per head), every resident slot for the persistent grid.
+TEST(DecodeConfig, DefaultWorkersAreOnePerSmForOneCtaPerItem) {
+  using kvattn::cuda::decode_default_workers;
+  EXPECT_EQ(decode_default_workers(132, 2, 1, 8, false), 128);   // H200, 32/8 heads
+  EXPECT_EQ(decode_default_workers(132, 3, 1, 32, false), 128);  // residency does not matter
+  EXPECT_EQ(decode_default_workers(132, 2, 1, 1, false), 132);   // MQA: nothing to round
+  EXPECT_EQ(decode_default_workers(132, 2, 1, 67, false), 132);  // fewer than two per head: kept
+  EXPECT_EQ(decode_default_workers(132, 2, 2, 8, false), 64);    // two head chunks per KV head
+  EXPECT_EQ(decode_default_workers(108, 2, 1, 8, false), 104);   // A100
+  EXPECT_EQ(decode_default_workers(132, 2, 1, 8, true), 264);    // persistent: every slot
+  EXPECT_EQ(decode_default_workers(132, 0, 1, 8, true), 132);    // occupancy unknown: one per SM
+  EXPECT_EQ(decode_default_workers(1, 1, 4, 8, false), 1);       // never zero
+}
+
 // Skewed batches take the 2-stage bulk kernel (three CTAs per SM), the others 3 stages; the env
 // override wins; graph mode never asks (DecodeRunner::plan).
 TEST(DecodeConfig, SkewedBatchesTakeTwoBulkStages) {

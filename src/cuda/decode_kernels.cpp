@@ -169,6 +169,13 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   return spec;
 }
 
+int decode_default_workers(int sm_count, int resident_per_sm, int head_chunks, int num_kv_heads, bool persistent) {
+  const int slots_per_sm = persistent ? std::max(1, resident_per_sm) : 1;
+  int workers = std::max(1, sm_count * slots_per_sm / std::max(1, head_chunks));
+  if (!persistent && workers >= 2 * num_kv_heads) workers -= workers % num_kv_heads;
+  return workers;
+}
+
 bool decode_batch_is_skewed(std::span<const int32_t> kv_len) {
   if (kv_len.size() < 2) return false;
   int64_t total = 0, longest = 0;

@@ -72,6 +72,16 @@ bool decode_batch_is_skewed(std::span<const int32_t> kv_len);
 
 int decode_smem_bytes(const DecodeKernelConfig& c);
 
+// The planner's default workers for the decode kernels. A persistent grid launches one CTA per
+// worker: every resident slot (SMs x resident CTAs per SM / head chunks). With one CTA per item the
+// block scheduler fills the slots itself and the workers only shape the split: one per SM (/ head
+// chunks), rounded down to a multiple of the KV heads (one head per planner slice, plan.h
+// "Slices") when that leaves at least two per head. Why one per SM: a one-wave batch split over
+// both slots of an SM ran slower than one longer chunk per SM (H200: 16 x 4096 +8%, 16 x 512
+// +21%, 1 x 4096 with 32/32 heads +19% at one per SM; multi-wave batches unchanged;
+// docs/PERFORMANCE.md, session 9).
+int decode_default_workers(int sm_count, int resident_per_sm, int head_chunks, int num_kv_heads, bool persistent);
+
 // Whether BatchDecode runs as a batch prefill of one query per request on the mma.sync prefill
 // kernels, which pack the GQA group into the M tile, instead of on a decode kernel. Yes where the
 // decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE, a device

@@ -138,21 +138,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int head_chunks = group / cfg.heads_per_cta;
   const bool fold_in_kernel = decode_folds_in_kernel();
   SchedulerOptions opts = pr.scheduler;
-  if (opts.num_workers <= 0) {
-    // A persistent grid launches one CTA per worker: every resident slot. With one CTA per item
-    // the block scheduler fills the slots itself and the workers only shape the split: one per
-    // SM, not one per slot. Splitting a batch that fills one wave over every slot (two CTAs per
-    // SM, each half as long) made it slower, not faster: on the H200 16 x 4096 runs 8% faster
-    // with 128 workers than with 264, 16 x 512 21%, 1 x 4096 12% (32/32: 19%), 1 x 32k 1%; batches
-    // of several waves are unchanged, and the planner has half the workers to schedule (Zipf
-    // lengths: 4-5 us instead of 19 on that host; docs/PERFORMANCE.md, session 9).
-    const int slots_per_sm = cfg.persistent ? std::max(1, per_sm) : 1;
-    opts.num_workers = std::max(1, dev.sm_count * slots_per_sm / head_chunks);
-    // A multiple of the KV heads makes one head per slice: the planner schedules a slice of W / H
-    // workers once (plan.h, "Slices").
-    if (!cfg.persistent && opts.num_workers >= 2 * pr.num_kv_heads)
-      opts.num_workers -= opts.num_workers % pr.num_kv_heads;
-  }
+  if (opts.num_workers <= 0)
+    opts.num_workers = decode_default_workers(dev.sm_count, per_sm, head_chunks, pr.num_kv_heads, cfg.persistent);
   opts.slice_zero_only = true;  // the kernels repeat slice 0 (kernels/decode/persistent.cuh)
 
   PlannerInputs in;
