@@ -326,7 +326,6 @@ void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const T
   pr.kv_indptr = plan.kv_indptr;
   pr.kv_indices = table.indices;
   pr.device_kv_indices = table.device_indices;
-  pr.kv_last_page_len = plan.last_page_len;
   pr.kv_len = kv_len;
   pr.scheduler = scheduler;
   plan.gpu_decode->plan(pr, workspace.data(), workspace.numel() * int64_t(dtype_size(workspace.dtype())),

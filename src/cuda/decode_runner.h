@@ -23,7 +23,7 @@ struct DecodeProblem {
   int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0, page_size = 0;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   kernels::VariantParams variant;
-  std::span<const int32_t> kv_indptr, kv_last_page_len;  // validated, host
+  std::span<const int32_t> kv_indptr;  // validated, host (each staged item carries its page run)
   // The page ids: a host array copied into the workspace, or, when device_kv_indices is set, the
   // caller's table on the device, which the kernels read in place (and check) at run time.
   std::span<const int32_t> kv_indices;

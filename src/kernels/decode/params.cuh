@@ -1,5 +1,5 @@
 // The flat parameter block of the paged batch-decode kernel and its work items. Host code fills it
-// (src/cuda/decode_launch.cpp); the kernel reads nothing else.
+// (src/cuda/decode_runner.cpp); the kernel reads nothing else.
 #pragma once
 
 #include "kernels/variants/params.cuh"
@@ -7,7 +7,7 @@
 namespace kvattn::kernels {
 
 // The planner's records (include/kvattn/plan.h: WorkItem, MergeEntry), mirrored for device
-// code; src/cuda/decode_launch.cpp static_asserts that the layouts match.
+// code; src/cuda/decode_runner.cpp and prefill_runner.cpp static_assert that the layouts match.
 struct DeviceWorkItem {
   int32_t request;
   int16_t kv_head;
