@@ -9,6 +9,7 @@
 #if KVATTN_WITH_CUDA
 #include "cuda/kernel_registry.h"
 #include "cuda/prefill_kernels.h"
+#include "kernels/prefill/smem_layout.cuh"
 #include "kernels/variants/params.cuh"
 #include "support/expect_error.h"
 
@@ -123,7 +124,7 @@ TEST(PrefillConfig, NamesAreDistinct) {
   auto b = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, 1, 4096);
   auto c = choose_prefill_config(DType::bf16, DType::e4m3, DType::f32, 192, 128, 4, true, 16, 1, 4096);
   EXPECT_NE(a.name(), b.name());
-  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1");
+  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1_t4");
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
   EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0");
 }
@@ -139,13 +140,13 @@ TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
   EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1");
   EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1");
   const auto host_spec = kvattn::cuda::prefill_spec(host, "sm_90a"), device_spec = kvattn::cuda::prefill_spec(device, "sm_90a");
-  EXPECT_NE(host_spec.source.find("1u, false, false>"), std::string::npos) << host_spec.source;
-  EXPECT_NE(device_spec.source.find("1u, false, true>"), std::string::npos) << device_spec.source;
+  EXPECT_NE(host_spec.source.find("1u, false, false, 0u>"), std::string::npos) << host_spec.source;
+  EXPECT_NE(device_spec.source.find("1u, false, true, 0u>"), std::string::npos) << device_spec.source;
   auto ragged = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 0, 1, 4096);
   auto ragged_flagged = ragged;
   ragged_flagged.checked_ids = true;
   EXPECT_EQ(ragged.name(), ragged_flagged.name());
-  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false>"), std::string::npos);
+  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false, 0u>"), std::string::npos);
 
   std::set<std::string> names;
   for (const auto& k : kvattn::cuda::find_preset("default").kernels) names.insert(k.name);
@@ -165,11 +166,15 @@ TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
 class PrefillVariantEnv : public ::testing::Test {
  protected:
   void set(const char* v) { ::setenv("KVATTN_PREFILL_VARIANT", v, 1); }
-  void TearDown() override { ::unsetenv("KVATTN_PREFILL_VARIANT"); ::unsetenv("KVATTN_PREFILL_TANH"); }
+  void TearDown() override {
+    ::unsetenv("KVATTN_PREFILL_VARIANT");
+    ::unsetenv("KVATTN_PREFILL_TANH");
+    ::unsetenv("KVATTN_PREFILL_TUNING");
+  }
 };
 
 TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
-  for (const char* v : {"m2k32", "m2k64", "m1k64", "m2w8", "m2k48"}) {
+  for (const char* v : {"m2k32", "m2k64", "m1k64", "m2w8", "m2k48", "m2k48s3"}) {
     set(v);
     for (int hd : {64, 128, 256})
       for (DType kv : {DType::bf16, DType::e4m3}) {
@@ -188,19 +193,48 @@ TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
                       "KVATTN_PREFILL_VARIANT = 'nope' is not a prefill variant");
 }
 
-// Soft-cap at head dims 65-128 takes m2k48 (m2k64's kernel spills there), unless the variable says
-// otherwise; other variants and head dims keep m2k64.
-TEST_F(PrefillVariantEnv, SoftCapTakesK48TilesAtHeadDim128) {
+// Soft-cap takes m2k64 with the lazy rescale and the unrolled Q K^T (it took m2k48 before those:
+// m2k64's kernel spilled); KVATTN_PREFILL_VARIANT still picks another shape.
+TEST_F(PrefillVariantEnv, SoftCapTakesTheTunedK64Kernel) {
   using kvattn::kernels::kCausal;
   using kvattn::kernels::kSoftCap;
   auto cap = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap, 16384);
-  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k48_s2_b2_ragged_f5");
+  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t5");
   EXPECT_LE(prefill_smem_bytes(cap) + 1024, 228 * 1024 / cap.min_blocks);
-  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal, 16384).kv_tile, 64);
-  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 64, 64, 1, false, 0, kSoftCap, 16384).kv_tile, 64);
-  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, kSoftCap, 16384).kv_tile, 64);
-  set("m2k64");
-  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kSoftCap, 16384).kv_tile, 64);
+  set("m2k48");
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kSoftCap, 16384).kv_tile, 48);
+}
+
+// The tuning bits (prefill_tuning_for): per head-dim class and soft-cap, the swizzle only where
+// K/V land as they are (2-byte KV, no RoPE, head dims a multiple of 64), short shapes none.
+TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
+  using namespace kvattn::kernels::prefill;
+  using kvattn::kernels::kCausal;
+  using kvattn::kernels::kRope;
+  using kvattn::kernels::kSoftCap;
+  auto tuning = [](int dqk, int dvo, DType kv, uint32_t features, int64_t qo = 16384) {
+    return choose_prefill_config(DType::bf16, kv, DType::bf16, dqk, dvo, 1, true, 16, features, qo).tuning;
+  };
+  EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal), uint32_t(kTuneUnrollQK));
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), 0u);
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), uint32_t(kTuneUnrollQK | kTuneLazyRescale));
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), uint32_t(kTuneUnrollQK | kTuneSwizzleKV));
+  EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), uint32_t(kTuneUnrollQK | kTuneSwizzleKV));
+  EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), uint32_t(kTuneUnrollQK));  // fp8 is converted in smem
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), uint32_t(kTuneUnrollQK));    // RoPE rotates K in place
+  EXPECT_EQ(tuning(160, 160, DType::bf16, 0), uint32_t(kTuneUnrollQK));        // rows of 2.5 lines
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 1), 0u);                     // short shapes: untuned
+  // The swizzled layout drops the K/V row padding.
+  auto hd256 = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, 0, 16384);
+  auto plain = hd256;
+  plain.tuning = kTuneUnrollQK;
+  EXPECT_EQ(prefill_smem_bytes(plain) - prefill_smem_bytes(hd256), 2 * hd256.kv_tile * 2 * 16);
+  EXPECT_NE(plain.name(), hd256.name());
+  ::setenv("KVATTN_PREFILL_TUNING", "0", 1);
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), 0u);
+  ::setenv("KVATTN_PREFILL_TUNING", "9", 1);
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-7, not '9'");
+  ::unsetenv("KVATTN_PREFILL_TUNING");
 }
 
 TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {

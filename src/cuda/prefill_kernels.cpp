@@ -32,17 +32,32 @@ std::string PrefillKernelConfig::name() const {
   }
   add("_f", std::to_string(features));
   if (fast_tanh && (features & kernels::kSoftCap)) n += "_tanhx";
+  if (tuning != 0) add("_t", std::to_string(tuning));
   return n;
 }
 
-std::string prefill_variant_for(uint32_t features, int dqk, int dvo) {
+std::string prefill_variant_for(uint32_t /*features*/, int /*dqk*/, int /*dvo*/) {
   const char* v = std::getenv("KVATTN_PREFILL_VARIANT");
   if (v && *v) return v;
-  // m2k64 is the fastest on the H200 (PERFORMANCE.md), but with soft-cap at head dims up to 128 its
-  // kernel spills 176 bytes; m2k48 does not and measured 211 against 196 TFLOP/s (1 x 16k causal).
-  const int d = std::max(dqk, dvo);
-  if ((features & kernels::kSoftCap) && d > 64 && d <= 128) return "m2k48";
+  // m2k64 is the fastest on the H200 (PERFORMANCE.md). Soft-cap at head dims 65-128 took m2k48
+  // until session 10 (m2k64 spilled); with the soft-cap tuning m2k64 measured 308.6 against
+  // m2k48's 270.9 TFLOP/s (1 x 16k causal).
   return "m2k64";
+}
+
+uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo) {
+  using namespace kernels::prefill;
+  if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
+    const std::string v = env;
+    KVATTN_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '7', "KVATTN_PREFILL_TUNING is a number 0-7, not '", v, "'");
+    return uint32_t(v[0] - '0');
+  }
+  const int d = std::max(dqk, dvo);
+  uint32_t t = 0;
+  if (d <= 64 || d > 128) t |= kTuneUnrollQK;  // hd 64 +4%, hd 256 +2% (+8.5% with the swizzle)
+  if (d > 128) t |= kTuneSwizzleKV;           // hd 256 +7%; hd 64 -5% and hd 128 -5% with it
+  if (features & kernels::kSoftCap) t |= kTuneUnrollQK | kTuneLazyRescale;  // +14% with m2k64
+  return t;
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
@@ -58,10 +73,11 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo
       {"m1k64", {{8, 1, 64, 2, 1}, {8, 1, 64, 2, 1}, {8, 1, 32, 2, 1}}},
       {"m2w8", {{8, 2, 64, 2, 1}, {8, 2, 32, 2, 1}, {8, 1, 64, 2, 1}}},
       {"m2k48", {{4, 2, 48, 3, 2}, {4, 2, 48, 2, 2}, {8, 1, 48, 2, 1}}},
+      {"m2k48s3", {{4, 2, 48, 3, 2}, {4, 2, 48, 3, 2}, {8, 1, 48, 2, 1}}},
   };
   for (const Row& r : kRows)
     if (variant == r.name) return r.shape[cls];
-  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k32, m2k64, m1k64, m2w8, m2k48)");
+  detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k32, m2k64, m1k64, m2w8, m2k48, m2k48s3)");
 }
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
@@ -106,6 +122,10 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_tile = s.kv_tile;
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
+    c.tuning = prefill_tuning_for(features, dqk, dvo);
+    // The swizzle only applies to K/V copied as they are: keep the name true to the code.
+    if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
+      c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);
     // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA (the
     // H200's), and no CTA more than the device allows one block (A100: 163 KB, Ada: 99 KB).
     const int64_t budget = std::min<int64_t>(max_smem_per_block, std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024));
@@ -123,8 +143,12 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
 }
 
 int prefill_smem_bytes(const PrefillKernelConfig& c) {
-  return kernels::prefill::smem_layout(c.head_dim_qk, c.head_dim_vo, int(dtype_size(c.kv_dtype)), c.rows(),
-                                       c.kv_tile, c.stages, c.paged, (c.features & kernels::kRope) != 0)
+  const bool rope = (c.features & kernels::kRope) != 0;
+  const int kv_bytes = int(dtype_size(c.kv_dtype));
+  const bool swizzled = kernels::prefill::swizzles_kv((c.tuning & kernels::prefill::kTuneSwizzleKV) != 0,
+                                                      c.head_dim_qk, c.head_dim_vo, kv_bytes, rope);
+  return kernels::prefill::smem_layout(c.head_dim_qk, c.head_dim_vo, kv_bytes, c.rows(), c.kv_tile, c.stages,
+                                       c.paged, rope, swizzled)
       .total;
 }
 
@@ -145,7 +169,7 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
                              std::to_string(c.stages) + ", " + (c.paged ? "true" : "false") + ", " +
                              std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
                              (c.fast_tanh ? "true" : "false") + ", " + (c.paged && c.checked_ids ? "true" : "false") +
-                             ">";
+                             ", " + std::to_string(c.tuning) + "u>";
   spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
                 std::to_string(c.min_blocks) + ") " + spec.entry +

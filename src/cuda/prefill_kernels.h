@@ -30,6 +30,9 @@ struct PrefillKernelConfig {
   // outside [0, num_pages) poisons its item's rows and is reported). Host ids are checked by
   // plan()/run(), and their kernels skip the check: it cost page-1 prefill 5% (H200, session 8).
   bool checked_ids = false;
+  // kernels::prefill::PrefillTuning bits: code-generation choices (lazy rescale, swizzled K/V,
+  // unrolled Q K^T) that change speed, not results beyond rounding.
+  uint32_t tuning = 0;
 
   int threads() const { return warps * 32; }
   int rows() const { return warps * 16 * m_tiles; }
@@ -44,17 +47,23 @@ struct PrefillKernelConfig {
 //   name      head dims <= 64     <= 128             > 128
 //   m2k32     4x2 k64 s2 b2       4x2 k32 s3 b2      4x1 k32 s2 b2
 //   m2k64     4x2 k64 s3 b2       4x2 k64 s2 b2      8x1 k64 s2 b1   (default: measured fastest)
-//             (its soft-cap kernels at head dims 65-128 spill registers: those default to m2k48)
 //   m1k64     8x1 k64 s2 b1       8x1 k64 s2 b1      8x1 k32 s2 b1
 //   m2w8      8x2 k64 s2 b1       8x2 k32 s2 b1      8x1 k64 s2 b1
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
+//   m2k48s3   4x2 k48 s3 b2       4x2 k48 s3 b2      8x1 k48 s2 b1
 // KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
+// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-7>
+// replaces them (an experiment knob, read at every plan).
 struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;
 };
 PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk, int head_dim_vo);
-// KVATTN_PREFILL_VARIANT when set; else m2k48 for soft-cap at head dims 65-128, m2k64 otherwise.
+// KVATTN_PREFILL_VARIANT when set; else m2k64.
 std::string prefill_variant_for(uint32_t features, int head_dim_qk, int head_dim_vo);
+// The tuning bits of a long-shape kernel (H200, session 10, PERFORMANCE.md): Q K^T unrolled at
+// head dims <= 64 and > 128 and with soft-cap; swizzled K/V above 128; the lazy rescale with
+// soft-cap. Plain head dim 128 keeps none (each measured slower or equal there).
+uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo);
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,

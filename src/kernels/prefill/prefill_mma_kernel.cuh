@@ -174,10 +174,15 @@ struct PrefillMmaKernel {
     // (8-15, 0-7), (8-15, 8-15) = b0, b1 of n-tile 0 and b0, b1 of n-tile 1.
     const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
     const char* k_lane = ks_base + k_row * C::kPitchK + k_col * 2;
-    // Two k-steps at a time when Q comes from shared memory, not all: fully unrolled, the early
-    // ldmatrix loads pushed m2k64 at hd 128 over 255 registers (48-64 bytes of spill with the
-    // causal mask; cubin frame size). Q fragments in registers need constant indices: unrolled.
-#pragma unroll (kQInRegisters ? C::DQK / 16 : 2)
+    // Swizzled K: rows k_row + 16 j all have row % 8 == lane % 8, so k-step ks reads chunk
+    // (k_col / 8 + 2 ks) ^ (lane % 8) = ((k_col / 8) ^ (lane % 8)) ^ 2 ks: one XOR per k-step.
+    const char* k_row_base = ks_base + k_row * C::kPitchK;
+    const int k_swz = ((lane / 8 % 2) ^ (lane % 8)) * 16;
+    // Two k-steps at a time when Q comes from shared memory, unless kUnrollQK: fully unrolled, the
+    // early ldmatrix loads pushed m2k64 at hd 128 over 255 registers (48-64 bytes of spill with
+    // the causal mask; cubin frame size), yet head dims 64 and 256 and soft-cap run faster so.
+    // Q fragments in registers need constant indices: unrolled.
+#pragma unroll ((kQInRegisters || C::kUnrollQK) ? C::DQK / 16 : 2)
     for (int ks = 0; ks < C::DQK / 16; ++ks) {
       uint32_t a[MT][4];
 #pragma unroll
@@ -189,10 +194,14 @@ struct PrefillMmaKernel {
           ldmatrix_x4(a[mt], q_warp + mt * 16 * C::kPitchQ + ks * 32);
         }
       }
+      const char* k_step = k_row_base + (k_swz ^ (ks * 32));
 #pragma unroll
       for (int j = 0; j < C::KV_TILE / 16; ++j) {
         uint32_t b[4];
-        ldmatrix_x4(b, k_lane + j * 16 * C::kPitchK + ks * 32);
+        if constexpr (C::kSwizzleKV)
+          ldmatrix_x4(b, k_step + j * 16 * C::kPitchK);
+        else
+          ldmatrix_x4(b, k_lane + j * 16 * C::kPitchK + ks * 32);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<C::DT>(s[mt][2 * j], a[mt], b[0], b[1]);
@@ -209,6 +218,9 @@ struct PrefillMmaKernel {
                                                        const char* vs_base, int lane) {
     const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
     const char* v_lane = vs_base + v_row * C::kPitchV + v_col * 2;
+    // Swizzled V (v_row % 8 == lane % 8): chunk (v_col / 8 + 2 dn) ^ (lane % 8).
+    const char* v_row_base = vs_base + v_row * C::kPitchV;
+    const int v_swz = ((lane / 16) ^ (lane % 8)) * 16;
 #pragma unroll
     for (int kk = 0; kk < C::KV_TILE / 16; ++kk) {
       uint32_t pa[MT][4];
@@ -222,7 +234,10 @@ struct PrefillMmaKernel {
 #pragma unroll
       for (int dn = 0; dn < C::DVO / 16; ++dn) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, v_lane + kk * 16 * C::kPitchV + dn * 32);
+        if constexpr (C::kSwizzleKV)
+          ldmatrix_x4_trans(b, v_row_base + kk * 16 * C::kPitchV + (v_swz ^ (dn * 32)));
+        else
+          ldmatrix_x4_trans(b, v_lane + kk * 16 * C::kPitchV + dn * 32);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<C::DT>(acc[mt][2 * dn], pa[mt], b[0], b[1]);

@@ -176,6 +176,13 @@ struct ScoreMath {
         for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (C::kLazyRescale) {
+          // Lazy reference maximum: with a stale m, P = 2^(c s - c m) stays <= 2^kLazyLog2 (no f16
+          // overflow, the same relative precision), so m (the reference of d and O, exact LSE)
+          // moves only when the row grows by more than that, and O is rescaled less often.
+          constexpr float kLazyLog2 = 8.0f;
+          if (m[mt][r] != -INFINITY && (mx - m[mt][r]) * c <= kLazyLog2) mx = m[mt][r];
+        }
         const float m_scaled = mx == -INFINITY ? 0.0f : mx * c;  // all masked so far: P = 0
         rescale[mt][r] = m[mt][r] == -INFINITY ? 0.0f : fast_exp2(m[mt][r] * c - m_scaled);  // O, d were 0
         moved = moved || mx != m[mt][r];

@@ -8,14 +8,32 @@
 //   [ paged KV only: (STAGES + 1) x KV_TILE K and V row offsets, 2 x 8 bytes (a ring, one tile ahead) ]
 //
 // Every row pitch is an odd number of 16-byte chunks, so the 8 rows one ldmatrix phase reads fall
-// in 8 different 16-byte bank groups (no conflicts) and cp.async destinations stay 16-byte aligned.
+// in 8 different 16-byte bank groups (no conflicts) and cp.async destinations stay 16-byte aligned;
+// except K/V rows with the swizzle tuning (kTuneSwizzleKV): unpadded, chunk c of row r stored at
+// chunk c ^ (r % 8), conflict-free by the XOR instead.
 #pragma once
 
 #include "kernels/common/host_device.cuh"
 
 namespace kvattn::kernels::prefill {
 
+// Code-generation choices of the prefill kernel that do not change its results beyond rounding
+// (PrefillKernelConfig::tuning; chosen per head dim and variant from H200 measurements, see
+// choose_prefill_config):
+//  - kTuneLazyRescale: the online softmax keeps a stale row maximum as the reference of d and O
+//    until the row grows by more than 2^8, so O is rescaled less often;
+//  - kTuneSwizzleKV: unpadded, XOR-swizzled K/V rows (2-byte KV without RoPE, head dims a
+//    multiple of 64): whole 128-byte lines per copy;
+//  - kTuneUnrollQK: Q K^T fully unrolled over the head dim (else two k-steps per iteration).
+enum PrefillTuning : unsigned { kTuneLazyRescale = 1u, kTuneSwizzleKV = 2u, kTuneUnrollQK = 4u, kTuneAll = 7u };
+
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
+// Whether the swizzle applies: K/V copied as they are (no conversion, no RoPE) in rows of whole
+// 128-byte lines.
+constexpr bool swizzles_kv(bool tuned, int dqk, int dvo, int kv_bytes, bool rope) {
+  return tuned && kv_bytes == 2 && !rope && dqk % 64 == 0 && dvo % 64 == 0;
+}
+constexpr int kv_pitch_bytes(int row_bytes, bool swizzled) { return swizzled ? row_bytes : pitch_bytes(row_bytes); }
 
 struct SmemLayout {
   int q = 0, stages = 0, convert = 0, freq = 0, ring = 0, total = 0;
@@ -24,11 +42,11 @@ struct SmemLayout {
 
 // rows: the M tile; kv_bytes: bytes of the KV storage type (2, or 1 for fp8; the MMA type has 2).
 constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int rows, int kv_tile,
-                                 int stages, bool paged, bool rope) {
+                                 int stages, bool paged, bool rope, bool swizzled_kv = false) {
   SmemLayout l;
   l.q = 0;
   l.stages = rows * pitch_bytes(dqk * 2);
-  l.stage_bytes = kv_tile * (pitch_bytes(dqk * kv_bytes) + pitch_bytes(dvo * kv_bytes));
+  l.stage_bytes = kv_tile * (kv_pitch_bytes(dqk * kv_bytes, swizzled_kv) + kv_pitch_bytes(dvo * kv_bytes, swizzled_kv));
   l.convert = l.stages + stages * l.stage_bytes;
   l.freq = l.convert + (kv_bytes != 2 ? kv_tile * (pitch_bytes(dqk * 2) + pitch_bytes(dvo * 2)) : 0);
   l.ring = l.freq + (rope ? (dqk / 2) * 4 : 0);

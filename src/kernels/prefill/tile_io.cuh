@@ -16,8 +16,10 @@ namespace kvattn::kernels::prefill {
 // fragment read from shared memory feeds MT MMAs); PAGE: baked page size, 0 = read at run time;
 // FAST_TANH: soft-cap through tanh.approx.f32 instead of 1 - 2 / (1 + 2^(2x log2 e)).
 // CHECK_IDS: paged ids from a device-resident table, checked here (host ids were checked on the host).
+// TUNING: PrefillTuning bits (smem_layout.cuh).
 template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int MT_, int KV_TILE_,
-          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_, bool CHECK_IDS_ = false>
+          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_, bool CHECK_IDS_ = false,
+          uint32_t TUNING_ = 0>
 struct PrefillConfig {
   static constexpr int DT = DT_, KVDT = KVDT_, ODT = ODT_, DQK = DQK_, DVO = DVO_, GH = GH_;
   static constexpr int WARPS = WARPS_, MT = MT_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
@@ -38,11 +40,19 @@ struct PrefillConfig {
   static constexpr bool kHasRope = (FEATURES & kRope) != 0;
   static constexpr bool kTransform = kConvert || kHasRope;
   static constexpr int kPitchQ = pitch_bytes(DQK * 2);
-  static constexpr int kPitchK = pitch_bytes(DQK * 2), kPitchV = pitch_bytes(DVO * 2);
-  static constexpr int kRawPitchK = pitch_bytes(DQK * kKVBytes), kRawPitchV = pitch_bytes(DVO * kKVBytes);
+  static constexpr uint32_t TUNING = TUNING_;
+  static constexpr bool kLazyRescale = (TUNING & kTuneLazyRescale) != 0;
+  static constexpr bool kUnrollQK = (TUNING & kTuneUnrollQK) != 0;
+  static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
+  static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
+  static constexpr int kPitchK = kv_pitch_bytes(DQK * 2, kSwizzleKV), kPitchV = kv_pitch_bytes(DVO * 2, kSwizzleKV);
+  static constexpr int kRawPitchK = kv_pitch_bytes(DQK * kKVBytes, kSwizzleKV);
+  static constexpr int kRawPitchV = kv_pitch_bytes(DVO * kKVBytes, kSwizzleKV);
+  // Byte offset of 16-byte chunk c in K/V row r.
+  static __device__ __forceinline__ int kv_chunk(int r, int c) { return (kSwizzleKV ? c ^ (r & 7) : c) * 16; }
   static constexpr int kRawChunksK = DQK * kKVBytes / 16, kRawChunksV = DVO * kKVBytes / 16;
   static constexpr SmemLayout kLayout =
-      smem_layout(DQK, DVO, kKVBytes, kM, KV_TILE, STAGES, PAGED, kHasRope);
+      smem_layout(DQK, DVO, kKVBytes, kM, KV_TILE, STAGES, PAGED, kHasRope, kSwizzleKV);
   static constexpr int kSmemBytes = kLayout.total;
 };
 
@@ -183,19 +193,27 @@ struct TileIO {
       // Each thread copies chunk c of rows r0, r0 + kStep, ...: one row pointer per pass.
       constexpr int kStep = C::kThreads / kChunks;
       const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+      const int c_fixed = C::kv_chunk(r0, c);  // the swizzled chunk, when every row r has r % 8 == r0 % 8
 #pragma unroll
       for (int r = r0, i = 0; i < (C::KV_TILE + kStep - 1) / kStep; ++i, r += kStep) {
         if (C::KV_TILE % kStep != 0 && r >= C::KV_TILE) break;
         const int32_t tok = tile0 + r;
         const bool valid = tok < it.kv_end;
-        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
+        if constexpr (C::kSwizzleKV)
+          cp_async_16(dst + r * kPitch + (kStep % 8 == 0 ? c_fixed : C::kv_chunk(r, c)),
+                      valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
+        else
+          cp_async_16(dst + r * kPitch + c * 16, valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
       }
     } else {
       for (int id = threadIdx.x; id < C::KV_TILE * kChunks; id += C::kThreads) {
         const int r = id / kChunks, c = id % kChunks;
         const int32_t tok = tile0 + r;
         const bool valid = tok < it.kv_end;
-        cp_async_16(dst + r * kPitch + c * 16, valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
+        if constexpr (C::kSwizzleKV)
+          cp_async_16(dst + r * kPitch + C::kv_chunk(r, c), valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
+        else
+          cp_async_16(dst + r * kPitch + c * 16, valid ? base + row_bytes(r, tok) + c * 16 : base, valid);
       }
     }
   }
