@@ -129,7 +129,8 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA (the
     // H200's), and no CTA more than the device allows one block (A100: 163 KB, Ada: 99 KB).
     const int64_t budget = std::min<int64_t>(max_smem_per_block, std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024));
-    while (prefill_smem_bytes(c) > budget && c.kv_tile > 32) c.kv_tile /= 2;
+    // Halved to a multiple of 16 (the MMA's k): 64 -> 32, 48 -> 32.
+    while (prefill_smem_bytes(c) > budget && c.kv_tile > 32) c.kv_tile = std::max(32, (c.kv_tile / 2 + 15) / 16 * 16);
     while (prefill_smem_bytes(c) > budget && c.stages > 2) --c.stages;
     return c;
   }
