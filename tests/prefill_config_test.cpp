@@ -124,9 +124,9 @@ TEST(PrefillConfig, NamesAreDistinct) {
   auto b = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, 1, 4096);
   auto c = choose_prefill_config(DType::bf16, DType::e4m3, DType::f32, 192, 128, 4, true, 16, 1, 4096);
   EXPECT_NE(a.name(), b.name());
-  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1_t4");
+  EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1_t5");
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
-  EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0");
+  EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0_t7");
 }
 
 // Device-resident page ids take the checking twin of a paged kernel (`_dids`): its own name (the
@@ -137,16 +137,16 @@ TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
   EXPECT_FALSE(host.checked_ids);  // the choice itself never asks for checks
   auto device = host;
   device.checked_ids = true;
-  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1");
-  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1");
+  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_t1");
+  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1_t1");
   const auto host_spec = kvattn::cuda::prefill_spec(host, "sm_90a"), device_spec = kvattn::cuda::prefill_spec(device, "sm_90a");
-  EXPECT_NE(host_spec.source.find("1u, false, false, 0u>"), std::string::npos) << host_spec.source;
-  EXPECT_NE(device_spec.source.find("1u, false, true, 0u>"), std::string::npos) << device_spec.source;
+  EXPECT_NE(host_spec.source.find("1u, false, false, 1u>"), std::string::npos) << host_spec.source;
+  EXPECT_NE(device_spec.source.find("1u, false, true, 1u>"), std::string::npos) << device_spec.source;
   auto ragged = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 0, 1, 4096);
   auto ragged_flagged = ragged;
   ragged_flagged.checked_ids = true;
   EXPECT_EQ(ragged.name(), ragged_flagged.name());
-  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false, 0u>"), std::string::npos);
+  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false, 5u>"), std::string::npos);
 
   std::set<std::string> names;
   for (const auto& k : kvattn::cuda::find_preset("default").kernels) names.insert(k.name);
@@ -188,7 +188,7 @@ TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
   }
   set("m1k64");
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 16384).name(),
-            "prefill_bf16_hd128_g1_w8_k64_s2_ragged_f0");
+            "prefill_bf16_hd128_g1_w8_k64_s2_ragged_f0_t7");
   set("nope");
   EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 16384),
                       "KVATTN_PREFILL_VARIANT = 'nope' is not a prefill variant");
@@ -206,29 +206,32 @@ TEST_F(PrefillVariantEnv, SoftCapTakesTheTunedK64Kernel) {
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kSoftCap, 16384).kv_tile, 48);
 }
 
-// The tuning bits (prefill_tuning_for): per head-dim class and soft-cap, the swizzle only where
-// K/V land as they are (2-byte KV, no RoPE, head dims a multiple of 64), short shapes none.
+// The tuning bits (prefill_tuning_for): per head-dim class, GQA packing and soft-cap, the swizzle
+// only where K/V land as they are (2-byte KV, no RoPE, head dims a multiple of 64), short shapes none.
 TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   using namespace kvattn::kernels::prefill;
   using kvattn::kernels::kCausal;
   using kvattn::kernels::kRope;
   using kvattn::kernels::kSoftCap;
-  auto tuning = [](int dqk, int dvo, DType kv, uint32_t features, int64_t qo = 16384) {
-    return choose_prefill_config(DType::bf16, kv, DType::bf16, dqk, dvo, 1, true, 16, features, qo).tuning;
+  auto tuning = [](int dqk, int dvo, DType kv, uint32_t features, int64_t qo = 16384, int group = 1, bool paged = true) {
+    return choose_prefill_config(DType::bf16, kv, DType::bf16, dqk, dvo, group, paged, 16, features, qo).tuning;
   };
-  EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal), uint32_t(kTuneUnrollQK));
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), 0u);
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), uint32_t(kTuneUnrollQK | kTuneLazyRescale));
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), uint32_t(kTuneUnrollQK | kTuneSwizzleKV));
-  EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), uint32_t(kTuneUnrollQK | kTuneSwizzleKV));
-  EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), uint32_t(kTuneUnrollQK));  // fp8 is converted in smem
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), uint32_t(kTuneUnrollQK));    // RoPE rotates K in place
-  EXPECT_EQ(tuning(160, 160, DType::bf16, 0), uint32_t(kTuneUnrollQK));        // rows of 2.5 lines
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 1), 0u);                     // short shapes: untuned
+  const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
+  EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal), lazy_unrolled);
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), uint32_t(kTuneAll));
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4, false), lazy_unrolled);  // GQA-packed CTAs
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));  // paged: no spills
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled);
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), uint32_t(kTuneAll));
+  EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), uint32_t(kTuneAll));
+  EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), lazy_unrolled);  // fp8 is converted in smem
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), lazy_unrolled);    // RoPE rotates K in place
+  EXPECT_EQ(tuning(160, 160, DType::bf16, 0), lazy_unrolled);        // rows of 2.5 lines
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 1), 0u);           // short shapes: untuned
   // The swizzled layout drops the K/V row padding.
   auto hd256 = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, 0, 16384);
   auto plain = hd256;
-  plain.tuning = kTuneUnrollQK;
+  plain.tuning = lazy_unrolled;
   EXPECT_EQ(prefill_smem_bytes(plain) - prefill_smem_bytes(hd256), 2 * hd256.kv_tile * 2 * 16);
   EXPECT_NE(plain.name(), hd256.name());
   ::setenv("KVATTN_PREFILL_TUNING", "0", 1);

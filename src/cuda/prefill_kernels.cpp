@@ -45,19 +45,23 @@ std::string prefill_variant_for(uint32_t /*features*/, int /*dqk*/, int /*dvo*/)
   return "m2k64";
 }
 
-uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo) {
+uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int heads_per_cta, bool paged) {
   using namespace kernels::prefill;
   if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
     const std::string v = env;
     KVATTN_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '7', "KVATTN_PREFILL_TUNING is a number 0-7, not '", v, "'");
     return uint32_t(v[0] - '0');
   }
+  // Measured on generated values (H200, session 10, PERFORMANCE.md; 1 x 16k causal unless said):
+  // the lazy rescale is never slower; hd 64 unrolled +1%; hd 256 unrolled and swizzled +9%;
+  // hd 128 one head per CTA all three +4% (page 16 +6%, non-causal 0%), GQA-packed CTAs
+  // unrolled and lazy +6% (all three -4%; paged, the unrolled kernels spill 48-96 bytes: lazy
+  // only); soft-cap unrolled and lazy +13% (swizzled -8%).
   const int d = std::max(dqk, dvo);
-  uint32_t t = 0;
-  if (d <= 64 || d > 128) t |= kTuneUnrollQK;  // hd 64 +4%, hd 256 +2% (+8.5% with the swizzle)
-  if (d > 128) t |= kTuneSwizzleKV;           // hd 256 +7%; hd 64 -5% and hd 128 -5% with it
-  if (features & kernels::kSoftCap) t |= kTuneUnrollQK | kTuneLazyRescale;  // +14% with m2k64
-  return t;
+  if (features & kernels::kSoftCap) return kTuneLazyRescale | kTuneUnrollQK;
+  if (d <= 64) return kTuneLazyRescale | kTuneUnrollQK;
+  if (d > 128 || heads_per_cta == 1) return kTuneAll;
+  return paged ? kTuneLazyRescale : kTuneLazyRescale | kTuneUnrollQK;
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
@@ -122,7 +126,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_tile = s.kv_tile;
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
-    c.tuning = prefill_tuning_for(features, dqk, dvo);
+    c.tuning = prefill_tuning_for(features, dqk, dvo, c.heads_per_cta, paged);
     // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);

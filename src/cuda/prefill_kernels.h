@@ -60,10 +60,13 @@ struct PrefillTileShape {
 PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk, int head_dim_vo);
 // KVATTN_PREFILL_VARIANT when set; else m2k64.
 std::string prefill_variant_for(uint32_t features, int head_dim_qk, int head_dim_vo);
-// The tuning bits of a long-shape kernel (H200, session 10, PERFORMANCE.md): Q K^T unrolled at
-// head dims <= 64 and > 128 and with soft-cap; swizzled K/V above 128; the lazy rescale with
-// soft-cap. Plain head dim 128 keeps none (each measured slower or equal there).
-uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo);
+// The tuning bits of a long-shape kernel (H200 on generated values, session 10, PERFORMANCE.md):
+// the lazy rescale everywhere; Q K^T unrolled everywhere; the swizzled K/V above head dim 128 and
+// at head dim 128 with one query head per CTA (not for GQA-packed CTAs or soft-cap); paged
+// GQA-packed CTAs at head dim 128 only the lazy rescale (unrolled, they spill). The kernel
+// is latency-bound at 255 registers, so these choices move it by a few percent either way per
+// kernel; each was measured, none is derived.
+uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int heads_per_cta, bool paged);
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,
