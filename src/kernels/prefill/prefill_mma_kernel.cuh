@@ -194,6 +194,8 @@ struct PrefillMmaKernel {
           ldmatrix_x4(a[mt], q_warp + mt * 16 * C::kPitchQ + ks * 32);
         }
       }
+      // The unswizzled branches keep their original expressions: the same arithmetic written
+      // differently compiled to other SASS and cost hd 128 7.5% (NOTES.md, session 10).
       const char* k_step = k_row_base + (k_swz ^ (ks * 32));
 #pragma unroll
       for (int j = 0; j < C::KV_TILE / 16; ++j) {

@@ -18,8 +18,8 @@
 namespace kvattn::kernels::prefill {
 
 // Code-generation choices of the prefill kernel that do not change its results beyond rounding
-// (PrefillKernelConfig::tuning; chosen per head dim and variant from H200 measurements, see
-// choose_prefill_config):
+// (PrefillKernelConfig::tuning; chosen per kernel from H200 measurements by
+// cuda::prefill_tuning_for):
 //  - kTuneLazyRescale: the online softmax keeps a stale row maximum as the reference of d and O
 //    until the row grows by more than 2^8, so O is rescaled less often;
 //  - kTuneSwizzleKV: unpadded, XOR-swizzled K/V rows (2-byte KV without RoPE, head dims a
