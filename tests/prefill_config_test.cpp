@@ -126,7 +126,7 @@ TEST(PrefillConfig, NamesAreDistinct) {
   EXPECT_NE(a.name(), b.name());
   EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1_t5");
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
-  EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0_t7");
+  EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0_t15");
 }
 
 // Device-resident page ids take the checking twin of a paged kernel (`_dids`): its own name (the
@@ -137,11 +137,11 @@ TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
   EXPECT_FALSE(host.checked_ids);  // the choice itself never asks for checks
   auto device = host;
   device.checked_ids = true;
-  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_t1");
-  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1_t1");
+  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_t15");
+  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1_t15");
   const auto host_spec = kvattn::cuda::prefill_spec(host, "sm_90a"), device_spec = kvattn::cuda::prefill_spec(device, "sm_90a");
-  EXPECT_NE(host_spec.source.find("1u, false, false, 1u>"), std::string::npos) << host_spec.source;
-  EXPECT_NE(device_spec.source.find("1u, false, true, 1u>"), std::string::npos) << device_spec.source;
+  EXPECT_NE(host_spec.source.find("1u, false, false, 15u>"), std::string::npos) << host_spec.source;
+  EXPECT_NE(device_spec.source.find("1u, false, true, 15u>"), std::string::npos) << device_spec.source;
   auto ragged = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 0, 1, 4096);
   auto ragged_flagged = ragged;
   ragged_flagged.checked_ids = true;
@@ -188,7 +188,7 @@ TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
   }
   set("m1k64");
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 16384).name(),
-            "prefill_bf16_hd128_g1_w8_k64_s2_ragged_f0_t7");
+            "prefill_bf16_hd128_g1_w8_k64_s2_ragged_f0_t15");
   set("nope");
   EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 16384),
                       "KVATTN_PREFILL_VARIANT = 'nope' is not a prefill variant");
@@ -211,19 +211,26 @@ TEST_F(PrefillVariantEnv, SoftCapTakesTheTunedK64Kernel) {
 TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   using namespace kvattn::kernels::prefill;
   using kvattn::kernels::kCausal;
+  using kvattn::kernels::kCustomMask;
   using kvattn::kernels::kRope;
   using kvattn::kernels::kSoftCap;
   auto tuning = [](int dqk, int dvo, DType kv, uint32_t features, int64_t qo = 16384, int group = 1, bool paged = true) {
     return choose_prefill_config(DType::bf16, kv, DType::bf16, dqk, dvo, group, paged, 16, features, qo).tuning;
   };
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
+  const uint32_t lazy_swizzled_unrolled = lazy_unrolled | kTuneSwizzleKV;
   EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal), lazy_unrolled);
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), uint32_t(kTuneAll));
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 1, false), uint32_t(kTuneAll));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4, false), lazy_unrolled);  // GQA-packed CTAs
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));  // paged: no spills
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), uint32_t(kTuneAll));    // paged GQA
+  // Paged GQA kernels that spill with the other bits keep the lazy rescale only.
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kCustomMask, 16384, 4), uint32_t(kTuneLazyRescale));
+  EXPECT_EQ(tuning(128, 128, DType::e4m3, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kRope, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled);
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), uint32_t(kTuneAll));
-  EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), uint32_t(kTuneAll));
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), lazy_swizzled_unrolled);
+  EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), lazy_swizzled_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), lazy_unrolled);  // fp8 is converted in smem
   EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), lazy_unrolled);    // RoPE rotates K in place
   EXPECT_EQ(tuning(160, 160, DType::bf16, 0), lazy_unrolled);        // rows of 2.5 lines
@@ -236,8 +243,10 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_NE(plain.name(), hd256.name());
   ::setenv("KVATTN_PREFILL_TUNING", "0", 1);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), 0u);
-  ::setenv("KVATTN_PREFILL_TUNING", "9", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-7, not '9'");
+  ::setenv("KVATTN_PREFILL_TUNING", "16", 1);
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-15, not '16'");
+  ::setenv("KVATTN_PREFILL_TUNING", "x", 1);
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-15, not 'x'");
   ::unsetenv("KVATTN_PREFILL_TUNING");
 }
 

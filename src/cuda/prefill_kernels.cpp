@@ -36,7 +36,7 @@ std::string PrefillKernelConfig::name() const {
   return n;
 }
 
-std::string prefill_variant_for(uint32_t /*features*/, int /*dqk*/, int /*dvo*/) {
+std::string prefill_variant_for() {
   const char* v = std::getenv("KVATTN_PREFILL_VARIANT");
   if (v && *v) return v;
   // m2k64 is the fastest on the H200 (PERFORMANCE.md). Soft-cap at head dims 65-128 took m2k48
@@ -45,23 +45,31 @@ std::string prefill_variant_for(uint32_t /*features*/, int /*dqk*/, int /*dvo*/)
   return "m2k64";
 }
 
-uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int heads_per_cta, bool paged) {
+uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, int heads_per_cta, bool paged) {
   using namespace kernels::prefill;
   if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
     const std::string v = env;
-    KVATTN_CHECK(v.size() == 1 && v[0] >= '0' && v[0] <= '7', "KVATTN_PREFILL_TUNING is a number 0-7, not '", v, "'");
-    return uint32_t(v[0] - '0');
+    const bool digits = v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos;
+    const int bits = digits ? std::stoi(v) : -1;
+    KVATTN_CHECK(bits >= 0 && bits <= int(kTuneAll), "KVATTN_PREFILL_TUNING is a number 0-", int(kTuneAll), ", not '", v,
+                 "'");
+    return uint32_t(bits);
   }
-  // Measured on generated values (H200, session 10, PERFORMANCE.md; 1 x 16k causal unless said):
-  // the lazy rescale is never slower; hd 64 unrolled +1%; hd 256 unrolled and swizzled +9%;
-  // hd 128 one head per CTA all three +4% (page 16 +6%, non-causal 0%), GQA-packed CTAs
-  // unrolled and lazy +6% (all three -4%; paged, the unrolled kernels spill 48-96 bytes: lazy
-  // only); soft-cap unrolled and lazy +13% (swizzled -8%).
+  // Measured on generated values (H200, sessions 10 and 11, PERFORMANCE.md; 1 x 16k causal unless
+  // said): the lazy rescale is never slower; hd 64 unrolled +1%; hd 256 unrolled and swizzled +9%
+  // (P packed early -1%); hd 128 one head per CTA all four +6% (non-causal +4%, page 16 +7%);
+  // GQA-packed CTAs unrolled and lazy +6% (all four -1%); paged GQA-packed CTAs all four +2%
+  // (append), but only where they do not spill (custom masks and fp8 K/V do: lazy only); soft-cap
+  // unrolled and lazy +13% (swizzled -8%, P packed early -8%).
   const int d = std::max(dqk, dvo);
-  if (features & kernels::kSoftCap) return kTuneLazyRescale | kTuneUnrollQK;
-  if (d <= 64) return kTuneLazyRescale | kTuneUnrollQK;
-  if (d > 128 || heads_per_cta == 1) return kTuneAll;
-  return paged ? kTuneLazyRescale : kTuneLazyRescale | kTuneUnrollQK;
+  const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
+  if (features & kernels::kSoftCap) return lazy_unrolled;
+  if (d <= 64) return lazy_unrolled;
+  if (d > 128) return lazy_unrolled | kTuneSwizzleKV;
+  if (heads_per_cta == 1) return kTuneAll;
+  if (!paged) return lazy_unrolled;
+  const bool swizzled = swizzles_kv(true, dqk, dvo, kv_bytes, (features & kernels::kRope) != 0);
+  return swizzled && !(features & kernels::kCustomMask) ? kTuneAll : kTuneLazyRescale;
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
@@ -118,7 +126,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   for (int g = 1; g <= group && g <= 128; ++g)
     if (group % g == 0) c.heads_per_cta = g;
   const int64_t rows = std::max<int64_t>(1, max_qo_len) * c.heads_per_cta;
-  const PrefillTileShape s = prefill_long_shape(prefill_variant_for(features, dqk, dvo), dqk, dvo);
+  const PrefillTileShape s = prefill_long_shape(prefill_variant_for(), dqk, dvo);
   const int long_rows = s.warps * 16 * s.m_tiles;
   if (2 * rows >= long_rows && c.heads_per_cta <= long_rows) {
     c.warps = s.warps;
@@ -126,7 +134,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_tile = s.kv_tile;
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
-    c.tuning = prefill_tuning_for(features, dqk, dvo, c.heads_per_cta, paged);
+    c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged);
     // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);

@@ -52,21 +52,23 @@ struct PrefillKernelConfig {
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
 //   m2k48s3   4x2 k48 s3 b2       4x2 k48 s3 b2      8x1 k48 s2 b1
 // KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
-// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-7>
+// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-15>
 // replaces them (an experiment knob, read at every plan).
 struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;
 };
 PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk, int head_dim_vo);
 // KVATTN_PREFILL_VARIANT when set; else m2k64.
-std::string prefill_variant_for(uint32_t features, int head_dim_qk, int head_dim_vo);
-// The tuning bits of a long-shape kernel (H200 on generated values, session 10, PERFORMANCE.md):
-// the lazy rescale everywhere; Q K^T unrolled everywhere; the swizzled K/V above head dim 128 and
-// at head dim 128 with one query head per CTA (not for GQA-packed CTAs or soft-cap); paged
-// GQA-packed CTAs at head dim 128 only the lazy rescale (unrolled, they spill). The kernel
-// is latency-bound at 255 registers, so these choices move it by a few percent either way per
-// kernel; each was measured, none is derived.
-uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int heads_per_cta, bool paged);
+std::string prefill_variant_for();
+// The tuning bits of a long-shape kernel (kernels::prefill::PrefillTuning; H200 on generated
+// values, sessions 10-11, PERFORMANCE.md): the lazy rescale and the unrolled Q K^T everywhere;
+// the swizzled K/V above head dim 128; at head dim 128 all four bits (P packed early too) with
+// one query head per CTA and for paged GQA-packed CTAs (except where those spill: custom masks,
+// fp8 or RoPE K/V, which keep the lazy rescale only); soft-cap lazy and unrolled. The kernel is
+// latency-bound at 255 registers, so each bit moves a kernel by a few percent either way; each
+// choice was measured, none is derived. kv_bytes: bytes of the KV storage type.
+uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int kv_bytes, int heads_per_cta,
+                            bool paged);
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,

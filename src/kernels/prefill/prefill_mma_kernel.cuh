@@ -27,6 +27,9 @@ struct PrefillMmaKernel {
   static constexpr bool kSplitKV = !C::kTransform;  // a transform needs K and V of a tile at once
   static constexpr int kSmemBytes = C::kSmemBytes;
   using QFrag = uint32_t[kQInRegisters ? C::DQK / 16 : 1][4];
+  // P packed to the MMA type right after the softmax (kPackP: half the registers stay live until
+  // P V); the other kernels pack in accumulate_pv.
+  using PPacked = uint32_t[MT][C::kPackP ? kNT : 1][2];
 
   static __device__ ItemInfo item_info(const PrefillParams& p, const DeviceWorkItem& item) {
     ItemInfo it;
@@ -138,16 +141,18 @@ struct PrefillMmaKernel {
       if (C::FEATURES & kCausal) masked = masked || tile_last > pos_first;
       if (C::FEATURES & kSlidingWindow) masked = masked || tile0 < pos_last - p.variant.window_left;
       float s[MT][kNT][4];
+      PPacked pp;
       if (!skip) {
         compute_scores(s, qfrag, q_warp, ks_base, lane);
         SM::logits(p, it, s, tile0, row0, g, t4, masked);
         if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp);
+        if constexpr (C::kPackP) pack_p(s, pp);
       }
       if constexpr (kSplitKV) {
         cp_async_wait<2 * C::STAGES - 2>();  // V of `tile`
         __syncthreads();
       }
-      if (!skip) accumulate_pv(s, acc, vs_base, lane);
+      if (!skip) accumulate_pv(s, pp, acc, vs_base, lane);
       if constexpr (C::PAGED)
         if (tile + C::STAGES < n_tiles)
           IO::put_row_offsets(p, ring_ptr(tile + C::STAGES), tile_start(tile + C::STAGES), next_id);
@@ -213,10 +218,21 @@ struct PrefillMmaKernel {
     }
   }
 
+  static __device__ __forceinline__ void pack_p(const float (&s)[MT][kNT][4], PPacked& pp) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        pp[mt][n][0] = pack2<C::DT>(s[mt][n][0], s[mt][n][1]);
+        pp[mt][n][1] = pack2<C::DT>(s[mt][n][2], s[mt][n][3]);
+      }
+  }
+
   // O += P V: P (16 rows x 16 tokens per k-step) as the A fragment, V rows by ldmatrix.trans:
   // matrices (tokens 0-7, dims 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = b0, b1 of the
   // n-tile of dims 0-7 and b0, b1 of dims 8-15.
-  static __device__ __forceinline__ void accumulate_pv(const float (&s)[MT][kNT][4], float (&acc)[MT][kND][4],
+  static __device__ __forceinline__ void accumulate_pv(const float (&s)[MT][kNT][4], const PPacked& pp,
+                                                       float (&acc)[MT][kND][4],
                                                        const char* vs_base, int lane) {
     const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
     const char* v_lane = vs_base + v_row * C::kPitchV + v_col * 2;
@@ -228,6 +244,13 @@ struct PrefillMmaKernel {
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (C::kPackP) {
+          pa[mt][0] = pp[mt][2 * kk][0];
+          pa[mt][1] = pp[mt][2 * kk][1];
+          pa[mt][2] = pp[mt][2 * kk + 1][0];
+          pa[mt][3] = pp[mt][2 * kk + 1][1];
+          continue;
+        }
         pa[mt][0] = pack2<C::DT>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
         pa[mt][1] = pack2<C::DT>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
         pa[mt][2] = pack2<C::DT>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);

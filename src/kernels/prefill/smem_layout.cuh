@@ -24,8 +24,16 @@ namespace kvattn::kernels::prefill {
 //    until the row grows by more than 2^8, so O is rescaled less often;
 //  - kTuneSwizzleKV: unpadded, XOR-swizzled K/V rows (2-byte KV without RoPE, head dims a
 //    multiple of 64): whole 128-byte lines per copy;
-//  - kTuneUnrollQK: Q K^T fully unrolled over the head dim (else two k-steps per iteration).
-enum PrefillTuning : unsigned { kTuneLazyRescale = 1u, kTuneSwizzleKV = 2u, kTuneUnrollQK = 4u, kTuneAll = 7u };
+//  - kTuneUnrollQK: Q K^T fully unrolled over the head dim (else two k-steps per iteration);
+//  - kTunePackP: P packed to the MMA type right after the softmax, so the f32 scores die there
+//    (half the registers live across the wait for V; no spills at hd 128 with the other bits).
+enum PrefillTuning : unsigned {
+  kTuneLazyRescale = 1u,
+  kTuneSwizzleKV = 2u,
+  kTuneUnrollQK = 4u,
+  kTunePackP = 8u,
+  kTuneAll = 15u
+};
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
 // Whether the swizzle applies: K/V copied as they are (no conversion, no RoPE) in rows of whole
