@@ -60,16 +60,18 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   // (P packed early -1%); hd 128 one head per CTA all four +6% (non-causal +4%, page 16 +7%);
   // GQA-packed CTAs unrolled and lazy +6% (all four -1%); paged GQA-packed CTAs all four +2%
   // (append), but only where they do not spill (custom masks and fp8 K/V do: lazy only); soft-cap
-  // unrolled and lazy +13% (swizzled -8%, P packed early -8%).
+  // unrolled and lazy +13% (swizzled -8%, P packed early -8%). Ragged K/V: row pointers.
   const int d = std::max(dqk, dvo);
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
-  if (features & kernels::kSoftCap) return lazy_unrolled;
-  if (d <= 64) return lazy_unrolled;
-  if (d > 128) return lazy_unrolled | kTuneSwizzleKV;
-  if (heads_per_cta == 1) return kTuneAll;
-  if (!paged) return lazy_unrolled;
+  const uint32_t ragged = paged ? 0u : uint32_t(kTuneRowPointers);
+  const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | ragged;
+  if (features & kernels::kSoftCap) return lazy_unrolled | ragged;
+  if (d <= 64) return lazy_unrolled | ragged;
+  if (d > 128) return lazy_unrolled | kTuneSwizzleKV | ragged;
+  if (heads_per_cta == 1) return all;
+  if (!paged) return lazy_unrolled | ragged;
   const bool swizzled = swizzles_kv(true, dqk, dvo, kv_bytes, (features & kernels::kRope) != 0);
-  return swizzled && !(features & kernels::kCustomMask) ? kTuneAll : kTuneLazyRescale;
+  return swizzled && !(features & kernels::kCustomMask) ? all : kTuneLazyRescale;
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {
@@ -135,9 +137,11 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
     c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged);
-    // The swizzle only applies to K/V copied as they are: keep the name true to the code.
+    // The swizzle only applies to K/V copied as they are, the row pointers to ragged K/V: keep
+    // the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);
+    if (paged) c.tuning &= ~uint32_t(kernels::prefill::kTuneRowPointers);
     // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA (the
     // H200's), and no CTA more than the device allows one block (A100: 163 KB, Ada: 99 KB).
     const int64_t budget = std::min<int64_t>(max_smem_per_block, std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024));

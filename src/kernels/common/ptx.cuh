@@ -22,23 +22,25 @@ template <> struct DTypeInfo<kE5M2> { static constexpr int bytes = 1; };
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// 16-byte copy; with valid == false the destination is zero-filled and nothing is read.
-// KVATTN_L2_PREFETCH (a JIT option: 64, 128 or 256) asks L2 to fetch that many bytes around the
+// KVATTN_L2_PREFETCH (a JIT option: 64, 128 or 256) asks L2 to fetch that many bytes around each
 // copy, so the neighbouring 16-byte copies of a row hit in L2.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
 #if defined(KVATTN_L2_PREFETCH) && KVATTN_L2_PREFETCH == 256
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
+#define KVATTN_CP_ASYNC_16 "cp.async.cg.shared.global.L2::256B"
 #elif defined(KVATTN_L2_PREFETCH) && KVATTN_L2_PREFETCH == 128
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
+#define KVATTN_CP_ASYNC_16 "cp.async.cg.shared.global.L2::128B"
 #elif defined(KVATTN_L2_PREFETCH) && KVATTN_L2_PREFETCH == 64
-  asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
+#define KVATTN_CP_ASYNC_16 "cp.async.cg.shared.global.L2::64B"
 #else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
+#define KVATTN_CP_ASYNC_16 "cp.async.cg.shared.global"
 #endif
+// 16-byte copy; with valid == false the destination is zero-filled and nothing is read.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  asm volatile(KVATTN_CP_ASYNC_16 " [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
+}
+// 16-byte copy to a shared-state-space address (smem_addr): callers that step it by constants
+// get them folded into the instruction's offset.
+__device__ __forceinline__ void cp_async_16_to(uint32_t smem, const void* gmem) {
+  asm volatile(KVATTN_CP_ASYNC_16 " [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

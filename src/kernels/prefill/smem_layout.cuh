@@ -26,13 +26,17 @@ namespace kvattn::kernels::prefill {
 //    multiple of 64): whole 128-byte lines per copy;
 //  - kTuneUnrollQK: Q K^T fully unrolled over the head dim (else two k-steps per iteration);
 //  - kTunePackP: P packed to the MMA type right after the softmax, so the f32 scores die there
-//    (half the registers live across the wait for V; no spills at hd 128 with the other bits).
+//    (half the registers live across the wait for V; no spills at hd 128 with the other bits);
+//  - kTuneRowPointers: ragged K/V copies step one pointer per thread from row to row and check
+//    bounds only on the item's last tile (the per-row 64-bit index arithmetic was a fifth of
+//    the main loop's instructions at hd 128).
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
   kTuneUnrollQK = 4u,
   kTunePackP = 8u,
-  kTuneAll = 15u
+  kTuneRowPointers = 16u,
+  kTuneAll = 31u
 };
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }

@@ -44,6 +44,7 @@ struct PrefillConfig {
   static constexpr bool kLazyRescale = (TUNING & kTuneLazyRescale) != 0;
   static constexpr bool kUnrollQK = (TUNING & kTuneUnrollQK) != 0;
   static constexpr bool kPackP = (TUNING & kTunePackP) != 0;
+  static constexpr bool kRowPointers = (TUNING & kTuneRowPointers) != 0 && !PAGED_;
   static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
   static constexpr int kPitchK = kv_pitch_bytes(DQK * 2, kSwizzleKV), kPitchV = kv_pitch_bytes(DVO * 2, kSwizzleKV);
@@ -190,7 +191,29 @@ struct TileIO {
       else
         return int64_t(it.kv_row0 + tok) * stride_token * C::kKVBytes;
     };
-    if constexpr (C::kThreads % kChunks == 0) {
+    if constexpr (C::kRowPointers && C::kThreads % kChunks == 0 && C::KV_TILE % (C::kThreads / kChunks) == 0) {
+      // Ragged rows are evenly spaced: one source pointer per thread, advanced kStep rows per
+      // copy; bounds (and the zero fill past kv_end) only on a tile that crosses the item's end.
+      constexpr int kStep = C::kThreads / kChunks, kCopies = C::KV_TILE / kStep;
+      const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+      const int64_t step = int64_t(kStep) * stride_token * C::kKVBytes;
+      const char* src = base + int64_t(it.kv_row0 + tile0 + r0) * stride_token * C::kKVBytes + c * 16;
+      auto dst_of = [&](int i) {
+        const int r = r0 + i * kStep;
+        return dst + r * kPitch + (kStep % 8 == 0 ? C::kv_chunk(r0, c) : C::kv_chunk(r, c));
+      };
+      if (tile0 + C::KV_TILE <= it.kv_end && kStep % 8 == 0) {
+        const uint32_t s0 = smem_addr(dst_of(0));  // rows kStep apart: constant offsets
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i, src += step) cp_async_16_to(s0 + i * kStep * kPitch, src);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i, src += step) {
+          const bool valid = tile0 + r0 + i * kStep < it.kv_end;
+          cp_async_16(dst_of(i), valid ? src : base, valid);
+        }
+      }
+    } else if constexpr (C::kThreads % kChunks == 0) {
       // Each thread copies chunk c of rows r0, r0 + kStep, ...: one row pointer per pass.
       constexpr int kStep = C::kThreads / kChunks;
       const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
