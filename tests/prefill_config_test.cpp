@@ -137,16 +137,16 @@ TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
   EXPECT_FALSE(host.checked_ids);  // the choice itself never asks for checks
   auto device = host;
   device.checked_ids = true;
-  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_t15");
-  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1_t15");
+  EXPECT_EQ(host.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_t31");
+  EXPECT_EQ(device.name(), "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_dids_f1_t31");
   const auto host_spec = kvattn::cuda::prefill_spec(host, "sm_90a"), device_spec = kvattn::cuda::prefill_spec(device, "sm_90a");
-  EXPECT_NE(host_spec.source.find("1u, false, false, 15u>"), std::string::npos) << host_spec.source;
-  EXPECT_NE(device_spec.source.find("1u, false, true, 15u>"), std::string::npos) << device_spec.source;
+  EXPECT_NE(host_spec.source.find("1u, false, false, 31u>"), std::string::npos) << host_spec.source;
+  EXPECT_NE(device_spec.source.find("1u, false, true, 31u>"), std::string::npos) << device_spec.source;
   auto ragged = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 0, 1, 4096);
   auto ragged_flagged = ragged;
   ragged_flagged.checked_ids = true;
   EXPECT_EQ(ragged.name(), ragged_flagged.name());
-  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false, 21u>"), std::string::npos);
+  EXPECT_NE(kvattn::cuda::prefill_spec(ragged_flagged, "sm_90a").source.find(", false, false, 5u>"), std::string::npos);
 
   std::set<std::string> names;
   for (const auto& k : kvattn::cuda::find_preset("default").kernels) names.insert(k.name);
@@ -200,7 +200,7 @@ TEST_F(PrefillVariantEnv, SoftCapTakesTheTunedK64Kernel) {
   using kvattn::kernels::kCausal;
   using kvattn::kernels::kSoftCap;
   auto cap = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap, 16384);
-  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t21");
+  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t5");
   EXPECT_LE(prefill_smem_bytes(cap) + 1024, 228 * 1024 / cap.min_blocks);
   set("m2k48");
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kSoftCap, 16384).kv_tile, 48);
@@ -219,34 +219,28 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   };
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
   const uint32_t lazy_swizzled_unrolled = lazy_unrolled | kTuneSwizzleKV;
-  const uint32_t paged_all = uint32_t(kTuneAll) & ~uint32_t(kTuneRowPointers);  // row pointers: ragged only
   EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal), lazy_unrolled);
-  EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal, 16384, 1, false), lazy_unrolled | kTuneRowPointers);
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), paged_all);
+  EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal, 16384, 1, false), lazy_unrolled | kTuneLeanCopies);
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), uint32_t(kTuneAll));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 1, false), uint32_t(kTuneAll));
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4, false), lazy_unrolled | kTuneRowPointers);  // GQA
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), paged_all);  // paged GQA
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4, false), lazy_unrolled);  // GQA-packed CTAs
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), uint32_t(kTuneAll));  // paged GQA
   // Paged GQA kernels that spill with the other bits keep the lazy rescale only.
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kCustomMask, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::e4m3, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kRope, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), lazy_swizzled_unrolled);
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 16384, 1, false), lazy_swizzled_unrolled | kTuneRowPointers);
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 16384, 1, false), lazy_swizzled_unrolled | kTuneLeanCopies);
   EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), lazy_swizzled_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), lazy_unrolled);  // fp8 is converted in smem
   EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), lazy_unrolled);    // RoPE rotates K in place
   EXPECT_EQ(tuning(160, 160, DType::bf16, 0), lazy_unrolled);        // rows of 2.5 lines
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 1), 0u);           // short shapes: untuned
-  // A forced row-pointer bit is dropped from paged kernels' names (it changes nothing there).
-  ::setenv("KVATTN_PREFILL_TUNING", "17", 1);
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), uint32_t(kTuneLazyRescale));
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 1, false), uint32_t(kTuneLazyRescale | kTuneRowPointers));
-  ::unsetenv("KVATTN_PREFILL_TUNING");
   // The swizzled layout drops the K/V row padding.
   auto hd256 = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, 0, 16384);
   auto plain = hd256;
-  plain.tuning = lazy_unrolled | kTuneRowPointers;
+  plain.tuning = lazy_unrolled | kTuneLeanCopies;
   EXPECT_EQ(prefill_smem_bytes(plain) - prefill_smem_bytes(hd256), 2 * hd256.kv_tile * 2 * 16);
   EXPECT_NE(plain.name(), hd256.name());
   ::setenv("KVATTN_PREFILL_TUNING", "0", 1);

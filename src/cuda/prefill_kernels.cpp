@@ -57,19 +57,20 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   }
   // Measured on generated values (H200, sessions 10 and 11, PERFORMANCE.md; 1 x 16k causal unless
   // said): the lazy rescale is never slower; hd 64 unrolled +1%; hd 256 unrolled and swizzled +9%
-  // (P packed early -1%); hd 128 one head per CTA all four +6% (non-causal +4%, page 16 +7%);
-  // GQA-packed CTAs unrolled and lazy +6% (all four -1%); paged GQA-packed CTAs all four +2%
-  // (append), but only where they do not spill (custom masks and fp8 K/V do: lazy only); soft-cap
-  // unrolled and lazy +13% (swizzled -8%, P packed early -8%). Ragged K/V: row pointers.
+  // (P packed early -1%); hd 128 one head per CTA swizzled, unrolled and P packed early +6%
+  // (non-causal +4%, page 16 +7%); GQA-packed CTAs unrolled +6% (swizzled and packed -1%); paged
+  // GQA-packed CTAs all +2% (append), but only where they do not spill (custom masks, fp8 or RoPE
+  // K/V: lazy only); soft-cap unrolled +13% (swizzled -8%, packed -8%). The lean copies (session
+  // 11): hd 64 +3.5%, hd 128 +5% (non-causal +3.7%), hd 256 +3%; not for soft-cap (-4.7%) or
+  // ragged GQA-packed CTAs (-1.9%).
   const int d = std::max(dqk, dvo);
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
-  const uint32_t ragged = paged ? 0u : uint32_t(kTuneRowPointers);
-  const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | ragged;
-  if (features & kernels::kSoftCap) return lazy_unrolled | ragged;
-  if (d <= 64) return lazy_unrolled | ragged;
-  if (d > 128) return lazy_unrolled | kTuneSwizzleKV | ragged;
+  const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies;
+  if (features & kernels::kSoftCap) return lazy_unrolled;
+  if (d <= 64) return lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
+  if (d > 128) return lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies));
   if (heads_per_cta == 1) return all;
-  if (!paged) return lazy_unrolled | ragged;
+  if (!paged) return lazy_unrolled;
   const bool swizzled = swizzles_kv(true, dqk, dvo, kv_bytes, (features & kernels::kRope) != 0);
   return swizzled && !(features & kernels::kCustomMask) ? all : kTuneLazyRescale;
 }
@@ -137,11 +138,9 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
     c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged);
-    // The swizzle only applies to K/V copied as they are, the row pointers to ragged K/V: keep
-    // the name true to the code.
+    // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);
-    if (paged) c.tuning &= ~uint32_t(kernels::prefill::kTuneRowPointers);
     // Each of min_blocks CTAs gets its share of the SM's 228 KB less 1 KB reserved per CTA (the
     // H200's), and no CTA more than the device allows one block (A100: 163 KB, Ada: 99 KB).
     const int64_t budget = std::min<int64_t>(max_smem_per_block, std::min(227 * 1024, 228 * 1024 / c.min_blocks - 1024));

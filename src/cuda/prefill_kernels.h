@@ -62,11 +62,12 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk,
 std::string prefill_variant_for();
 // The tuning bits of a long-shape kernel (kernels::prefill::PrefillTuning; H200 on generated
 // values, sessions 10-11, PERFORMANCE.md): the lazy rescale and the unrolled Q K^T everywhere;
-// the swizzled K/V above head dim 128; at head dim 128 all four bits (P packed early too) with
-// one query head per CTA and for paged GQA-packed CTAs (except where those spill: custom masks,
-// fp8 or RoPE K/V, which keep the lazy rescale only); soft-cap lazy and unrolled. The kernel is
-// latency-bound at 255 registers, so each bit moves a kernel by a few percent either way; each
-// choice was measured, none is derived. kv_bytes: bytes of the KV storage type.
+// the swizzled K/V above head dim 128; at head dim 128 all five bits (P packed early and lean
+// copies too) with one query head per CTA and for paged GQA-packed CTAs (except where those
+// spill: custom masks, fp8 or RoPE K/V keep the lazy rescale only); lean copies also for ragged
+// K/V at head dims 64 and 256; soft-cap lazy and unrolled only. The kernel is latency-bound at
+// 255 registers, so each bit moves a kernel by a few percent either way; each choice was
+// measured, none is derived. kv_bytes: bytes of the KV storage type.
 uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int kv_bytes, int heads_per_cta,
                             bool paged);
 

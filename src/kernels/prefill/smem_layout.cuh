@@ -27,15 +27,15 @@ namespace kvattn::kernels::prefill {
 //  - kTuneUnrollQK: Q K^T fully unrolled over the head dim (else two k-steps per iteration);
 //  - kTunePackP: P packed to the MMA type right after the softmax, so the f32 scores die there
 //    (half the registers live across the wait for V; no spills at hd 128 with the other bits);
-//  - kTuneRowPointers: ragged K/V copies step one pointer per thread from row to row and check
-//    bounds only on the item's last tile (the per-row 64-bit index arithmetic was a fifth of
-//    the main loop's instructions at hd 128).
+//  - kTuneLeanCopies: K/V copies without per-row index arithmetic (it was a fifth of the main
+//    loop's instructions at hd 128): ragged rows step one pointer per thread, paged rows add
+//    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end.
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
   kTuneUnrollQK = 4u,
   kTunePackP = 8u,
-  kTuneRowPointers = 16u,
+  kTuneLeanCopies = 16u,
   kTuneAll = 31u
 };
 

@@ -44,7 +44,7 @@ struct PrefillConfig {
   static constexpr bool kLazyRescale = (TUNING & kTuneLazyRescale) != 0;
   static constexpr bool kUnrollQK = (TUNING & kTuneUnrollQK) != 0;
   static constexpr bool kPackP = (TUNING & kTunePackP) != 0;
-  static constexpr bool kRowPointers = (TUNING & kTuneRowPointers) != 0 && !PAGED_;
+  static constexpr bool kLeanCopies = (TUNING & kTuneLeanCopies) != 0;
   static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
   static constexpr int kPitchK = kv_pitch_bytes(DQK * 2, kSwizzleKV), kPitchV = kv_pitch_bytes(DVO * 2, kSwizzleKV);
@@ -191,7 +191,30 @@ struct TileIO {
       else
         return int64_t(it.kv_row0 + tok) * stride_token * C::kKVBytes;
     };
-    if constexpr (C::kRowPointers && C::kThreads % kChunks == 0 && C::KV_TILE % (C::kThreads / kChunks) == 0) {
+    constexpr bool kEvenRows = C::kThreads % kChunks == 0 && C::KV_TILE % (C::kThreads / kChunks) == 0;
+    if constexpr (C::kLeanCopies && C::PAGED && kEvenRows) {
+      // Paged: the tile's row offsets sit in the ring; a full tile reads them at constant
+      // addresses and copies to constant shared-memory offsets, with no bounds checks.
+      constexpr int kStep = C::kThreads / kChunks, kCopies = C::KV_TILE / kStep;
+      const int c = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+      auto dst_of = [&](int i) {
+        const int r = r0 + i * kStep;
+        return dst + r * kPitch + (kStep % 8 == 0 ? C::kv_chunk(r0, c) : C::kv_chunk(r, c));
+      };
+      const char* src = base + c * 16;
+      if (tile0 + C::KV_TILE <= it.kv_end && kStep % 8 == 0) {
+        const uint32_t s0 = smem_addr(dst_of(0));
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) cp_async_16_to(s0 + i * kStep * kPitch, src + row_bytes(r0 + i * kStep, 0));
+      } else {
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+          const int r = r0 + i * kStep;
+          const bool valid = tile0 + r < it.kv_end;
+          cp_async_16(dst_of(i), valid ? src + row_bytes(r, 0) : base, valid);
+        }
+      }
+    } else if constexpr (C::kLeanCopies && kEvenRows) {
       // Ragged rows are evenly spaced: one source pointer per thread, advanced kStep rows per
       // copy; bounds (and the zero fill past kv_end) only on a tile that crosses the item's end.
       constexpr int kStep = C::kThreads / kChunks, kCopies = C::KV_TILE / kStep;
