@@ -219,12 +219,13 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   };
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
   const uint32_t lazy_swizzled_unrolled = lazy_unrolled | kTuneSwizzleKV;
+  const uint32_t all5 = lazy_swizzled_unrolled | kTunePackP | kTuneLeanCopies;  // kTunePVByDim: experiment only
   EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal), lazy_unrolled);
   EXPECT_EQ(tuning(64, 64, DType::bf16, kCausal, 16384, 1, false), lazy_unrolled | kTuneLeanCopies);
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), uint32_t(kTuneAll));
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 1, false), uint32_t(kTuneAll));
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal), all5);
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 1, false), all5);
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4, false), lazy_unrolled);  // GQA-packed CTAs
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), uint32_t(kTuneAll));  // paged GQA
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal, 16384, 4), all5);  // paged GQA
   // Paged GQA kernels that spill with the other bits keep the lazy rescale only.
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kCustomMask, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::e4m3, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));
@@ -245,10 +246,10 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_NE(plain.name(), hd256.name());
   ::setenv("KVATTN_PREFILL_TUNING", "0", 1);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), 0u);
-  ::setenv("KVATTN_PREFILL_TUNING", "32", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-31, not '32'");
+  ::setenv("KVATTN_PREFILL_TUNING", "64", 1);
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-63, not '64'");
   ::setenv("KVATTN_PREFILL_TUNING", "x", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-31, not 'x'");
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-63, not 'x'");
   ::unsetenv("KVATTN_PREFILL_TUNING");
 }
 

@@ -239,6 +239,28 @@ struct PrefillMmaKernel {
     // Swizzled V (v_row % 8 == lane % 8): chunk (v_col / 8 + 2 dn) ^ (lane % 8).
     const char* v_row_base = vs_base + v_row * C::kPitchV;
     const int v_swz = ((lane / 16) ^ (lane % 8)) * 16;
+    if constexpr (C::kPVByDim) {
+      // Dims outermost: the lane's address for 16 dims is one XOR (swizzled) or add, then the
+      // token steps kk * 16 rows are constant offsets; each dn's 2 MT accumulators take the kk
+      // products in a row.
+      const uint32_t v0 = smem_addr(v_row_base);
+#pragma unroll
+      for (int dn = 0; dn < C::DVO / 16; ++dn) {
+        const uint32_t vd = v0 + (C::kSwizzleKV ? uint32_t(v_swz ^ (dn * 32)) : uint32_t(v_col * 2 + dn * 32));
+#pragma unroll
+        for (int kk = 0; kk < C::KV_TILE / 16; ++kk) {
+          uint32_t b[4];
+          ldmatrix_x4_trans_at(b, vd + kk * 16 * C::kPitchV);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t pa[4] = {pp[mt][2 * kk][0], pp[mt][2 * kk][1], pp[mt][2 * kk + 1][0], pp[mt][2 * kk + 1][1]};
+            mma_16816<C::DT>(acc[mt][2 * dn], pa, b[0], b[1]);
+            mma_16816<C::DT>(acc[mt][2 * dn + 1], pa, b[2], b[3]);
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int kk = 0; kk < C::KV_TILE / 16; ++kk) {
       uint32_t pa[MT][4];

@@ -29,14 +29,17 @@ namespace kvattn::kernels::prefill {
 //    (half the registers live across the wait for V; no spills at hd 128 with the other bits);
 //  - kTuneLeanCopies: K/V copies without per-row index arithmetic (it was a fifth of the main
 //    loop's instructions at hd 128): ragged rows step one pointer per thread, paged rows add
-//    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end.
+//    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end;
+//  - kTunePVByDim (with kTunePackP): P V walks V's dims outermost, so each lane's V address is
+//    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets (experiment).
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
   kTuneUnrollQK = 4u,
   kTunePackP = 8u,
   kTuneLeanCopies = 16u,
-  kTuneAll = 31u
+  kTunePVByDim = 32u,
+  kTuneAll = 63u
 };
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
