@@ -46,6 +46,8 @@ struct PrefillConfig {
   static constexpr bool kPackP = (TUNING & kTunePackP) != 0;
   static constexpr bool kLeanCopies = (TUNING & kTuneLeanCopies) != 0;
   static constexpr bool kPVByDim = (TUNING & kTunePVByDim) != 0 && kPackP;
+  static constexpr bool kPolyExp2 = (TUNING & kTunePolyExp2) != 0;
+  static constexpr bool kPolyExp2Half = (TUNING & kTunePolyExp2Half) != 0 && !kPolyExp2;
   static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
   static constexpr int kPitchK = kv_pitch_bytes(DQK * 2, kSwizzleKV), kPitchV = kv_pitch_bytes(DVO * 2, kSwizzleKV);
@@ -203,7 +205,20 @@ struct TileIO {
         return dst + r * kPitch + (kStep % 8 == 0 ? C::kv_chunk(r0, c) : C::kv_chunk(r, c));
       };
       const char* src = base + c * 16;
-      if (tile0 + C::KV_TILE <= it.kv_end && kStep % 8 == 0) {
+      // Rows r0 + 16 j and r0 + 16 j + 8 (r0 < 8) share a page when pages are multiples of 16
+      // tokens and the item starts on a 16-token boundary (all but sliding-window items): the
+      // second row is the first plus 8 rows, so only every other ring offset is read.
+      constexpr bool kPairRows = C::PAGE >= 16 && kStep == 8 && kCopies % 2 == 0;
+      if (kPairRows && tile0 + C::KV_TILE <= it.kv_end && it.kv_begin % 16 == 0) {
+        const uint32_t s0 = smem_addr(dst_of(0));
+        const int64_t eight_rows = 8 * stride_token * C::kKVBytes;
+#pragma unroll
+        for (int i = 0; i < kCopies; i += 2) {
+          const char* row = src + row_bytes(r0 + i * kStep, 0);
+          cp_async_16_to(s0 + i * kStep * kPitch, row);
+          cp_async_16_to(s0 + (i + 1) * kStep * kPitch, row + eight_rows);
+        }
+      } else if (tile0 + C::KV_TILE <= it.kv_end && kStep % 8 == 0) {
         const uint32_t s0 = smem_addr(dst_of(0));
 #pragma unroll
         for (int i = 0; i < kCopies; ++i) cp_async_16_to(s0 + i * kStep * kPitch, src + row_bytes(r0 + i * kStep, 0));
