@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "reference/reference.h"
 #include "support/attention_case.h"
@@ -182,6 +183,31 @@ TEST(GpuPrefill, Variants) {
           c.tolerance.lse_abs = 4e-3;
         }
         SCOPED_TRACE(v.describe());
+        run_prefill_case(c, rng);
+      }
+}
+
+// Soft-cap as models use it (Grok-1: cap 30 at head dim 128; Gemma 2: cap 50 at head dim 256),
+// with sm_scale raised so that the raw logits spread over about +-1.5 caps: most keys sit in
+// tanh's curved and saturated range, where an approximate tanh's error is largest.
+TEST(GpuPrefill, SoftCapWithLogitsAcrossTheCap) {
+  SKIP_WITHOUT_GPU();
+  struct Model {
+    int head_dim;
+    float cap;
+  };
+  for (const Model m : {Model{128, 30.0f}, Model{256, 50.0f}})
+    for (DType q : {DType::bf16, DType::f16})
+      for (KVStore store : {KVStore::ragged, KVStore::paged}) {
+        KVATTN_CASE_RNG(rng);
+        AttnCase c = gpu_case(q);
+        c.head_dim_qk = m.head_dim;
+        c.lens = prefill_lens(rng, 3, 1, 700, 300);
+        // q . k ~ N(0, head_dim): a scaled logit's standard deviation is cap / 1.5.
+        const float sm_scale = m.cap / 1.5f / std::sqrt(float(m.head_dim));
+        c.variant = kvattn::variants::causal().with_soft_cap(m.cap).with_sm_scale(sm_scale);
+        c.store = store;
+        SCOPED_TRACE(c.variant.describe());
         run_prefill_case(c, rng);
       }
 }

@@ -49,7 +49,7 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   using namespace kernels::prefill;
   if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
     const std::string v = env;
-    const bool digits = v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits = v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos;
     const int bits = digits ? std::stoi(v) : -1;
     KVATTN_CHECK(bits >= 0 && bits <= int(kTuneAll), "KVATTN_PREFILL_TUNING is a number 0-", int(kTuneAll), ", not '", v,
                  "'");

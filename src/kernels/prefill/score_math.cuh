@@ -20,20 +20,6 @@ __device__ __forceinline__ float fast_rcp(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// 2^x without the MUFU unit (FA4's trick): x = j + f with j = rint(x) by the 1.5 x 2^23 rounding
-// add, 2^f on [-1/2, 1/2] by a cubic fitted to relative error (max 1.0e-4, against 2^-9 for the
-// bf16 P it feeds), times 2^j built in the exponent field (a multiply, so NaN stays NaN).
-// 2^x < 2^-126 (and x = -inf) comes out +0, as ex2.approx.ftz does; x <= 127 (softmax inputs
-// are <= 8).
-__device__ __forceinline__ float poly_exp2(float x) {
-  constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: t's low mantissa bits hold rint(x)
-  const float t = x + kRound;
-  const float f = x - (t - kRound);
-  const float p = fmaf(fmaf(fmaf(0.05500830337405205f, f, 0.24220940470695496f), f, 0.6932828426361084f), f, 1.0f);
-  const float two_j = __int_as_float((__float_as_int(t) << 23) + 0x3f800000);
-  return x < -126.0f ? 0.0f : p * two_j;
-}
-
 // tanh: tanh.approx.f32 (one MUFU op, relative error about 2^-11) or 1 - 2 / (1 + e^2x) with
 // ex2/rcp.approx (two MUFU ops, absolute error about 1e-7).
 template <bool kApprox>
@@ -63,20 +49,33 @@ struct ScoreMath {
   using Variant = BuiltinVariant<C::FEATURES>;
   using NoCap = BuiltinVariant<C::FEATURES & ~uint32_t(kSoftCap)>;
 
+  // Soft-cap under softmax keeps its scores in "cap units" s, y = cL + k s in log2 units with the
+  // constant folded into the softmax's one FFMA per score: exact, s = -1 / (1 + 2^(x u)), k = 2 c L
+  // (y = c L (1 - 2 / (1 + 2^(x u))) = c L tanh(x scale / c), u = 2 scale log2(e) / c) with the
+  // shift c L added back to the LSE; tanh.approx, s = tanh(x scale / c), k = c L. One instruction
+  // per score fewer than computing y (the soft-cap kernel is issue-bound: session 12).
+  static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax;
+
   // The factor between a score as the softmax sees it and log2 units (raw scores: |sm_scale|
-  // log2 e; transformed ones are already in log2 units).
+  // log2 e; soft-cap: k above; other transformed ones are already in log2 units).
   static __device__ __forceinline__ float exp_scale(const PrefillParams& p) {
+    if constexpr (kCapUnits) return (C::FAST_TANH ? 1.0f : 2.0f) * p.variant.soft_cap * kLog2e;
     return kTransform ? 1.0f : fmaxf(fabsf(p.variant.sm_scale) * kLog2e, 1e-30f);  // never 0 x inf
+  }
+  // What the LSE adds to m exp_scale + log2 d: the exact soft-cap's shift c L.
+  static __device__ __forceinline__ float lse_offset(const PrefillParams& p) {
+    return kCapUnits && !C::FAST_TANH ? p.variant.soft_cap * kLog2e : 0.0f;
   }
 
   // The variant's logit transform with its constants folded (one thread, one tile): softmax
-  // variants come out in log2 units. Soft-cap c tanh(x scale / c) as c L (1 - 2 / (1 + 2^(x u)))
-  // with u = 2 scale log2(e) / c: FMUL, two MUFU, FADD, FFMA (or c L tanh.approx(x scale / c));
-  // ALiBi adds slope L (key - query) with one FFMA.
+  // variants come out in log2 units, soft-cap in the cap units above (FMUL, two MUFU, FADD; or
+  // FMUL, tanh.approx); soft-cap under sigmoid as c tanh(x scale / c). ALiBi adds
+  // slope (key - query) with one FFMA, the slope in the scores' units.
   struct Transform {
-    float mul;        // soft-cap: u (exp form) or scale / c (tanh.approx); else scale L
-    float cap;        // soft-cap: c L
-    float slope;      // ALiBi: slope L of the thread's rows (kOneHead)
+    float mul;         // soft-cap: u (exp form) or scale / c (tanh.approx); else scale L
+    float cap;         // soft-cap under sigmoid: c
+    float slope;       // ALiBi: slope of the thread's rows in score units (kOneHead)
+    float slope_unit;  // ALiBi: what turns a head's slope into score units
     static constexpr float L = kSoftmax ? kLog2e : 1.0f;
 
     __device__ __forceinline__ explicit Transform(const PrefillParams& p) {
@@ -87,11 +86,14 @@ struct ScoreMath {
       else
         mul = scale * L;
       slope = 0.0f;
+      slope_unit = kCapUnits ? L / exp_scale(p) : L;
     }
     // x: raw score; dist: key - query position as a float (ALiBi only).
     __device__ __forceinline__ float operator()(float x, float row_slope, float dist) const {
       float y;
-      if constexpr ((C::FEATURES & kSoftCap) != 0) {
+      if constexpr (kCapUnits) {
+        y = C::FAST_TANH ? fast_tanh<true>(x * mul) : fast_rcp(-1.0f - fast_exp2(x * mul));
+      } else if constexpr ((C::FEATURES & kSoftCap) != 0) {
         if constexpr (C::FAST_TANH)
           y = cap * fast_tanh<true>(x * mul);
         else
@@ -117,7 +119,7 @@ struct ScoreMath {
     if constexpr ((C::FEATURES & kCustomMask) != 0)
       request_mask = p.variant.custom_mask + p.variant.mask_indptr[it.request];
     if constexpr ((C::FEATURES & kAlibi) != 0 && kOneHead)
-      tf.slope = Transform::L * Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
+      tf.slope = tf.slope_unit * Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -127,7 +129,7 @@ struct ScoreMath {
         const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
         float slope = tf.slope;
         if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
-          slope = Transform::L * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
+          slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
         // Every key visible: the transform only. (With ALiBi this second copy of the loop costs
         // an 8-byte spill at hd 128, group 4, and still measured 7.6% faster: 272 -> 293 TFLOP/s.)
         if (kTransform && !masked) {
@@ -206,8 +208,7 @@ struct ScoreMath {
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
           for (int j = 2 * r; j < 2 * r + 2; ++j) {
-            const float x = fmaf(s[mt][n][j], c, -m_scaled);
-            s[mt][n][j] = C::kPolyExp2 || (C::kPolyExp2Half && n % 2 == 1) ? poly_exp2(x) : fast_exp2(x);
+            s[mt][n][j] = fast_exp2(fmaf(s[mt][n][j], c, -m_scaled));
             d[mt][r] += s[mt][n][j];
           }
       }

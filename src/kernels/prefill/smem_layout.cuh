@@ -31,11 +31,8 @@ namespace kvattn::kernels::prefill {
 //    loop's instructions at hd 128): ragged rows step one pointer per thread, paged rows add
 //    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end;
 //  - kTunePVByDim (with kTunePackP): P V walks V's dims outermost, so each lane's V address is
-//    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets;
-//  - kTunePolyExp2 / kTunePolyExp2Half: the softmax's 2^x on the FMA pipe (a cubic, relative
-//    error 1e-4, below the bf16/f16 rounding of P) for every score / every other 8-key column,
-//    taking work off the MUFU unit where it is the bottleneck (soft-cap spends two more MUFU ops
-//    per score on tanh; head dim 64 halves the MMA work per score).
+//    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets (an experiment:
+//    within noise of 31 on hd 128, session 12).
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
@@ -43,9 +40,7 @@ enum PrefillTuning : unsigned {
   kTunePackP = 8u,
   kTuneLeanCopies = 16u,
   kTunePVByDim = 32u,
-  kTunePolyExp2 = 64u,
-  kTunePolyExp2Half = 128u,
-  kTuneAll = 255u
+  kTuneAll = 63u
 };
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
