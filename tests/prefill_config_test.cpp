@@ -258,6 +258,9 @@ TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {
   auto a = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kvattn::kernels::kSoftCap, 16384);
   EXPECT_TRUE(a.fast_tanh);
   EXPECT_NE(a.name().find("_tanhx"), std::string::npos);
+  // tanh.approx soft-cap takes P packed early and the lean copies (the exact form does not).
+  using namespace kvattn::kernels::prefill;
+  EXPECT_EQ(a.tuning, uint32_t(kTuneLazyRescale | kTuneUnrollQK | kTunePackP | kTuneLeanCopies));
   EXPECT_FALSE(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 1, 16384).fast_tanh);
   ::setenv("KVATTN_PREFILL_TANH", "fast", 1);
   EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 4, 16384),

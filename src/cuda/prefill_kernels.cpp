@@ -45,7 +45,8 @@ std::string prefill_variant_for() {
   return "m2k64";
 }
 
-uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, int heads_per_cta, bool paged) {
+uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, int heads_per_cta, bool paged,
+                            bool fast_tanh) {
   using namespace kernels::prefill;
   if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
     const std::string v = env;
@@ -62,11 +63,12 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   // GQA-packed CTAs all +2% (append), but only where they do not spill (custom masks, fp8 or RoPE
   // K/V: lazy only); soft-cap unrolled +13% (swizzled -8%, packed -8%). The lean copies (session
   // 11): hd 64 +3.5%, hd 128 +5% (non-causal +3.7%), hd 256 +3%; not for soft-cap (-4.7%) or
-  // ragged GQA-packed CTAs (-1.9%).
+  // ragged GQA-packed CTAs (-1.9%). Soft-cap through tanh.approx (session 12): P packed early and
+  // lean copies +3% over lazy and unrolled.
   const int d = std::max(dqk, dvo);
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
   const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies;
-  if (features & kernels::kSoftCap) return lazy_unrolled;
+  if (features & kernels::kSoftCap) return fast_tanh ? lazy_unrolled | kTunePackP | kTuneLeanCopies : lazy_unrolled;
   if (d <= 64) return lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
   if (d > 128) return lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies));
   if (heads_per_cta == 1) return all;
@@ -137,7 +139,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_tile = s.kv_tile;
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
-    c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged);
+    c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged, c.fast_tanh);
     // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);

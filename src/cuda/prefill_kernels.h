@@ -65,11 +65,12 @@ std::string prefill_variant_for();
 // the swizzled K/V above head dim 128; at head dim 128 all five bits (P packed early and lean
 // copies too) with one query head per CTA and for paged GQA-packed CTAs (except where those
 // spill: custom masks, fp8 or RoPE K/V keep the lazy rescale only); lean copies also for ragged
-// K/V at head dims 64 and 256; soft-cap lazy and unrolled only. The kernel is latency-bound at
+// K/V at head dims 64 and 256; soft-cap lazy and unrolled only (through tanh.approx, fast_tanh,
+// P packed early and lean copies too). The kernel is latency-bound at
 // 255 registers, so each bit moves a kernel by a few percent either way; each choice was
 // measured, none is derived. kv_bytes: bytes of the KV storage type.
 uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int kv_bytes, int heads_per_cta,
-                            bool paged);
+                            bool paged, bool fast_tanh = false);
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,

@@ -327,7 +327,7 @@ struct PrefillMmaKernel {
         float scale = p.variant.v_scale, lse = -INFINITY;
         if constexpr (SM::kSoftmax) {
           scale = d[mt][r] > 0.0f ? p.variant.v_scale / d[mt][r] : 0.0f;
-          lse = d[mt][r] > 0.0f ? m[mt][r] * c_exp + log2f(d[mt][r]) + SM::lse_offset(p) : -INFINITY;
+          lse = d[mt][r] > 0.0f ? m[mt][r] * c_exp + log2f(d[mt][r]) : -INFINITY;
         }
         if (poisoned) scale = lse = __int_as_float(0x7fffffff);
         const int qo_head = it.head0 + row % C::GH;

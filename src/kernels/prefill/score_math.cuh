@@ -49,33 +49,30 @@ struct ScoreMath {
   using Variant = BuiltinVariant<C::FEATURES>;
   using NoCap = BuiltinVariant<C::FEATURES & ~uint32_t(kSoftCap)>;
 
-  // Soft-cap under softmax keeps its scores in "cap units" s, y = cL + k s in log2 units with the
-  // constant folded into the softmax's one FFMA per score: exact, s = -1 / (1 + 2^(x u)), k = 2 c L
-  // (y = c L (1 - 2 / (1 + 2^(x u))) = c L tanh(x scale / c), u = 2 scale log2(e) / c) with the
-  // shift c L added back to the LSE; tanh.approx, s = tanh(x scale / c), k = c L. One instruction
-  // per score fewer than computing y (the soft-cap kernel is issue-bound: session 12).
-  static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax;
+  // Soft-cap through tanh.approx under softmax keeps its scores as t = tanh(x scale / c): the
+  // cap's c L is folded into the softmax's one FFMA per score (exp_scale), one instruction per
+  // score fewer than computing c L t (+8%, session 12). The exact form, computed as
+  // c L - 2 c L / (1 + 2^(x u)), measured 2-6% slower with the same fold (-c L t shifted by c L,
+  // -1 / (1 + 2^(x u)) in the scores, c L added to the LSE), so it keeps its log2-unit scores.
+  static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax && C::FAST_TANH;
 
   // The factor between a score as the softmax sees it and log2 units (raw scores: |sm_scale|
-  // log2 e; soft-cap: k above; other transformed ones are already in log2 units).
+  // log2 e; tanh.approx soft-cap: c L; other transformed ones are already in log2 units).
   static __device__ __forceinline__ float exp_scale(const PrefillParams& p) {
-    if constexpr (kCapUnits) return (C::FAST_TANH ? 1.0f : 2.0f) * p.variant.soft_cap * kLog2e;
+    if constexpr (kCapUnits) return p.variant.soft_cap * kLog2e;
     return kTransform ? 1.0f : fmaxf(fabsf(p.variant.sm_scale) * kLog2e, 1e-30f);  // never 0 x inf
-  }
-  // What the LSE adds to m exp_scale + log2 d: the exact soft-cap's shift c L.
-  static __device__ __forceinline__ float lse_offset(const PrefillParams& p) {
-    return kCapUnits && !C::FAST_TANH ? p.variant.soft_cap * kLog2e : 0.0f;
   }
 
   // The variant's logit transform with its constants folded (one thread, one tile): softmax
-  // variants come out in log2 units, soft-cap in the cap units above (FMUL, two MUFU, FADD; or
-  // FMUL, tanh.approx); soft-cap under sigmoid as c tanh(x scale / c). ALiBi adds
-  // slope (key - query) with one FFMA, the slope in the scores' units.
+  // variants come out in log2 units. Soft-cap c tanh(x scale / c) as c L (1 - 2 / (1 + 2^(x u)))
+  // with u = 2 scale log2(e) / c: FMUL, two MUFU, FADD, FFMA (or tanh.approx(x scale / c) in the
+  // units above, c tanh.approx(...) under sigmoid); ALiBi adds slope L (key - query) with one
+  // FFMA (the slope in the scores' units).
   struct Transform {
     float mul;         // soft-cap: u (exp form) or scale / c (tanh.approx); else scale L
-    float cap;         // soft-cap under sigmoid: c
-    float slope;       // ALiBi: slope of the thread's rows in score units (kOneHead)
-    float slope_unit;  // ALiBi: what turns a head's slope into score units
+    float cap;         // soft-cap: c L
+    float slope;       // ALiBi: slope L of the thread's rows (kOneHead)
+    float slope_unit;  // ALiBi: L, or L / exp_scale in soft-cap's tanh units
     static constexpr float L = kSoftmax ? kLog2e : 1.0f;
 
     __device__ __forceinline__ explicit Transform(const PrefillParams& p) {
@@ -92,7 +89,7 @@ struct ScoreMath {
     __device__ __forceinline__ float operator()(float x, float row_slope, float dist) const {
       float y;
       if constexpr (kCapUnits) {
-        y = C::FAST_TANH ? fast_tanh<true>(x * mul) : fast_rcp(-1.0f - fast_exp2(x * mul));
+        y = fast_tanh<true>(x * mul);
       } else if constexpr ((C::FEATURES & kSoftCap) != 0) {
         if constexpr (C::FAST_TANH)
           y = cap * fast_tanh<true>(x * mul);
