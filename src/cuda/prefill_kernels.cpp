@@ -50,7 +50,7 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   using namespace kernels::prefill;
   if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
     const std::string v = env;
-    const bool digits = v.size() <= 2 && v.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits = v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
     const int bits = digits ? std::stoi(v) : -1;
     KVATTN_CHECK(bits >= 0 && bits <= int(kTuneAll), "KVATTN_PREFILL_TUNING is a number 0-", int(kTuneAll), ", not '", v,
                  "'");
@@ -64,17 +64,21 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   // K/V: lazy only); soft-cap unrolled +13% (swizzled -8%, packed -8%). The lean copies (session
   // 11): hd 64 +3.5%, hd 128 +5% (non-causal +3.7%), hd 256 +3%; not for soft-cap (-4.7%) or
   // ragged GQA-packed CTAs (-1.9%). Soft-cap through tanh.approx (session 12): P packed early and
-  // lean copies +3% over lazy and unrolled.
+  // lean copies +3% over lazy and unrolled. Variants that transform every tile's logits
+  // (soft-cap, ALiBi, sigmoid) transform a mask-free tile in one block (session 12).
   const int d = std::max(dqk, dvo);
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
   const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies;
-  if (features & kernels::kSoftCap) return fast_tanh ? lazy_unrolled | kTunePackP | kTuneLeanCopies : lazy_unrolled;
-  if (d <= 64) return lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
-  if (d > 128) return lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies));
-  if (heads_per_cta == 1) return all;
-  if (!paged) return lazy_unrolled;
+  const uint32_t whole_tile =
+      features & (kernels::kSoftCap | kernels::kAlibi | kernels::kSigmoid) ? uint32_t(kTuneWholeTileTransform) : 0u;
+  if (features & kernels::kSoftCap)
+    return whole_tile | (fast_tanh ? lazy_unrolled | kTunePackP | kTuneLeanCopies : lazy_unrolled);
+  if (d <= 64) return whole_tile | lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
+  if (d > 128) return whole_tile | lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies));
+  if (heads_per_cta == 1) return whole_tile | all;
+  if (!paged) return whole_tile | lazy_unrolled;
   const bool swizzled = swizzles_kv(true, dqk, dvo, kv_bytes, (features & kernels::kRope) != 0);
-  return swizzled && !(features & kernels::kCustomMask) ? all : kTuneLazyRescale;
+  return whole_tile | (swizzled && !(features & kernels::kCustomMask) ? all : kTuneLazyRescale);
 }
 
 PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo) {

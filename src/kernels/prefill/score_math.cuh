@@ -117,6 +117,28 @@ struct ScoreMath {
       request_mask = p.variant.custom_mask + p.variant.mask_indptr[it.request];
     if constexpr ((C::FEATURES & kAlibi) != 0 && kOneHead)
       tf.slope = tf.slope_unit * Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
+    // kWholeTileTransform: a tile no mask cuts is transformed in one branch-free block (64
+    // independent transforms per thread for ptxas to interleave) instead of one block per row.
+    if constexpr (C::kWholeTileTransform && kTransform) {
+      if (!masked) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int row = row0 + mt * 16 + g + 8 * (j / 2);
+            const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + row / C::GH;
+            float slope = tf.slope;
+            if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
+              slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
+#pragma unroll
+            for (int n = 0; n < kNT; ++n) {
+              const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
+              s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
+            }
+          }
+        return;
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -32,7 +32,9 @@ namespace kvattn::kernels::prefill {
 //    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end;
 //  - kTunePVByDim (with kTunePackP): P V walks V's dims outermost, so each lane's V address is
 //    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets (an experiment:
-//    within noise of 31 on hd 128, session 12).
+//    within noise of 31 on hd 128, session 12);
+//  - kTuneWholeTileTransform: soft-cap / ALiBi / sigmoid transform a tile no mask cuts in one
+//    branch-free block, not one block per row (the per-row branch on `masked` split it in 8).
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
@@ -40,7 +42,8 @@ enum PrefillTuning : unsigned {
   kTunePackP = 8u,
   kTuneLeanCopies = 16u,
   kTunePVByDim = 32u,
-  kTuneAll = 63u
+  kTuneWholeTileTransform = 64u,
+  kTuneAll = 127u
 };
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
