@@ -200,7 +200,7 @@ TEST_F(PrefillVariantEnv, SoftCapTakesTheTunedK64Kernel) {
   using kvattn::kernels::kCausal;
   using kvattn::kernels::kSoftCap;
   auto cap = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap, 16384);
-  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t69");
+  EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t5");
   EXPECT_LE(prefill_smem_bytes(cap) + 1024, 228 * 1024 / cap.min_blocks);
   set("m2k48");
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kSoftCap, 16384).kv_tile, 48);
@@ -230,11 +230,12 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kCustomMask, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::e4m3, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kRope, 16384, 4), uint32_t(kTuneLazyRescale));
-  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled | kTuneWholeTileTransform);
-  // Every-tile transforms (soft-cap, ALiBi, sigmoid) take the whole-tile block on top.
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled);
+  // ALiBi transforms a mask-free tile in one block (measured faster); soft-cap and sigmoid do not.
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kvattn::kernels::kAlibi, 16384, 4, false),
             lazy_unrolled | kTuneWholeTileTransform);
-  EXPECT_EQ(tuning(64, 64, DType::bf16, kvattn::kernels::kSigmoid), lazy_unrolled | kTuneWholeTileTransform);
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kvattn::kernels::kAlibi), all5 | kTuneWholeTileTransform);
+  EXPECT_EQ(tuning(64, 64, DType::bf16, kvattn::kernels::kSigmoid), lazy_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), lazy_swizzled_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 16384, 1, false), lazy_swizzled_unrolled | kTuneLeanCopies);
   EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), lazy_swizzled_unrolled);
@@ -264,7 +265,7 @@ TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {
   EXPECT_NE(a.name().find("_tanhx"), std::string::npos);
   // tanh.approx soft-cap takes P packed early and the lean copies (the exact form does not).
   using namespace kvattn::kernels::prefill;
-  EXPECT_EQ(a.tuning, uint32_t(kTuneLazyRescale | kTuneUnrollQK | kTunePackP | kTuneLeanCopies | kTuneWholeTileTransform));
+  EXPECT_EQ(a.tuning, uint32_t(kTuneLazyRescale | kTuneUnrollQK | kTunePackP | kTuneLeanCopies));
   EXPECT_FALSE(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 1, 16384).fast_tanh);
   ::setenv("KVATTN_PREFILL_TANH", "fast", 1);
   EXPECT_KVATTN_ERROR(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 4, 16384),

@@ -64,15 +64,14 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   // K/V: lazy only); soft-cap unrolled +13% (swizzled -8%, packed -8%). The lean copies (session
   // 11): hd 64 +3.5%, hd 128 +5% (non-causal +3.7%), hd 256 +3%; not for soft-cap (-4.7%) or
   // ragged GQA-packed CTAs (-1.9%). Soft-cap through tanh.approx (session 12): P packed early and
-  // lean copies +3% over lazy and unrolled. Variants that transform every tile's logits
-  // (soft-cap, ALiBi, sigmoid) transform a mask-free tile in one block (session 12).
+  // lean copies +3% over lazy and unrolled. ALiBi transforms a mask-free tile in one block (+3.7%
+  // at 32/8; session 12); soft-cap measured slower that way (exact -3.3%, tanh.approx -2%), and
+  // sigmoid is unmeasured, so they keep the per-row blocks.
   const int d = std::max(dqk, dvo);
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
   const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies;
-  const uint32_t whole_tile =
-      features & (kernels::kSoftCap | kernels::kAlibi | kernels::kSigmoid) ? uint32_t(kTuneWholeTileTransform) : 0u;
-  if (features & kernels::kSoftCap)
-    return whole_tile | (fast_tanh ? lazy_unrolled | kTunePackP | kTuneLeanCopies : lazy_unrolled);
+  if (features & kernels::kSoftCap) return fast_tanh ? lazy_unrolled | kTunePackP | kTuneLeanCopies : lazy_unrolled;
+  const uint32_t whole_tile = (features & kernels::kAlibi) ? uint32_t(kTuneWholeTileTransform) : 0u;
   if (d <= 64) return whole_tile | lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
   if (d > 128) return whole_tile | lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies));
   if (heads_per_cta == 1) return whole_tile | all;

@@ -34,7 +34,8 @@ namespace kvattn::kernels::prefill {
 //    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets (an experiment:
 //    within noise of 31 on hd 128, session 12);
 //  - kTuneWholeTileTransform: soft-cap / ALiBi / sigmoid transform a tile no mask cuts in one
-//    branch-free block, not one block per row (the per-row branch on `masked` split it in 8).
+//    branch-free block, not one block per row (the per-row branch on `masked` split it in 8):
+//    ALiBi +3.7%, soft-cap 2-3% slower (its MUFU work then sits among the Q K^T MMAs).
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
