@@ -167,19 +167,6 @@ using kvattn_cli::median_ms;
 
 // Median host wall time of plan() in microseconds: 20 calls after 3 warm-ups (the first ones
 // allocate pinned staging buffers and wait behind the setup).
-double median_plan_us(const std::function<void()>& plan) {
-  for (int i = 0; i < 3; ++i) plan();
-  cuda_ok(cudaDeviceSynchronize(), "warm-up plans");
-  std::vector<double> us;
-  for (int i = 0; i < 20; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    plan();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
-}
-
 nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io) {
   using kvattn::DType;
   using kvattn::TensorView;
@@ -193,17 +180,10 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
   DeviceBuffer<uint16_t> kv(2 * cache_elems * size_t(copies)), q(qo_elems), o0(qo_elems), o1(qo_elems),
       out(qo_elems), flat_out(qo_elems);
   DeviceBuffer<float> lse0(size_t(B) * Hq), lse1(size_t(B) * Hq), lse(size_t(B) * Hq), flat_lse(size_t(B) * Hq);
-  if (!io) {
-    cuda_ok(cudaMemset(kv.ptr, 0x3c, 2 * cache_elems * copies * 2), "cudaMemset");  // bf16 ~0.0115
-    cuda_ok(cudaMemset(q.ptr, 0x3c, qo_elems * 2), "cudaMemset");
-  } else {  // --save-io: the generator's values (apps/bench_io.h), the same in every copy
-    kvattn_cli::upload_bench_values(q.ptr, qo_elems, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
-    kvattn_cli::upload_bench_values(kv.ptr, cache_elems, kvattn_cli::kSeedK, kvattn_cli::kScaleKV);
-    kvattn_cli::upload_bench_values(kv.ptr + cache_elems, cache_elems, kvattn_cli::kSeedV, kvattn_cli::kScaleKV);
-    for (int i = 1; i < copies; ++i)
-      cuda_ok(cudaMemcpy(kv.ptr + size_t(i) * 2 * cache_elems, kv.ptr, 2 * cache_elems * 2, cudaMemcpyDeviceToDevice),
-              "cudaMemcpy (cache copies)");
-  }
+  // The generator's values (apps/bench_io.h), the same in every copy; with --save-io the whole
+  // caches. (Until session 13 the timed runs used a constant fill.)
+  kvattn_cli::upload_bench_values(q.ptr, qo_elems, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
+  kvattn_cli::upload_bench_kv(kv.ptr, cache_elems, copies, io != nullptr);
   // Each wrapper stages its plan in its own workspace.
   const int64_t ws_bytes = int64_t(512) << 20;
   DeviceBuffer<char> ws0{size_t(ws_bytes)}, ws1{size_t(ws_bytes)}, ws_flat{size_t(ws_bytes)};
@@ -239,12 +219,6 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
   pf.page_table = {host_i32(t.flat.indptr), TensorView(ids_flat.ptr, DType::i32, {int64_t(t.flat.indices.size())}, dev),
                    host_i32(t.flat.last_page_len)};
   cuda_ok(cudaDeviceSynchronize(), "setup");
-  const double plan_us = median_plan_us([&] {
-    level0.plan(p0);
-    level1.plan(p1);
-  });
-  const double flat_plan_us = median_plan_us([&] { flat.plan(pf); });
-
   auto cache_view = [&](int copy) {
     uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
     return kvattn::PagedKVCache::split(TensorView(base, DType::bf16, {pages, P, Hkv, D}, dev),
@@ -265,6 +239,24 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
     run_level1(copy);
     run_merge(copy);
   };
+  // plan() time as in bench decode (time_plans): each plan followed by its step and a synchronisation.
+  int step = 0;
+  const double plan_us = kvattn_cli::time_plans(
+                             [&] {
+                               level0.plan(p0);
+                               level1.plan(p1);
+                             },
+                             [&] {
+                               run_cascade(step++ % copies);
+                               cuda_ok(cudaDeviceSynchronize(), "a cascade step");
+                             })
+                             .median_us;
+  const double flat_plan_us = kvattn_cli::time_plans([&] { flat.plan(pf); },
+                                                     [&] {
+                                                       flat.run(qv, cache_view(step++ % copies), state(flat_out.ptr));
+                                                       cuda_ok(cudaDeviceSynchronize(), "a flat step");
+                                                     })
+                                  .median_us;
   const double ms = median_ms(run_cascade, copies, iters);
   const double flat_ms = median_ms([&](int copy) { flat.run(qv, cache_view(copy), state(flat_out.ptr)); }, copies, iters);
   const double level0_ms = median_ms(run_level0, copies, iters);

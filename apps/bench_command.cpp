@@ -134,23 +134,10 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   DeviceBuffer<uint16_t> kv(2 * cache_elems * size_t(copies));
   DeviceBuffer<uint16_t> q(size_t(B) * c.num_qo_heads * D), out(size_t(B) * c.num_qo_heads * D);
   {
-    // The generator's values (apps/bench_io.h), the same in every copy. With --save-io the whole
-    // caches (readers regenerate them); otherwise their first 32 Mi elements (64 MB), repeated
-    // over the rest, so that caches of tens of GB are not generated on the host. (Until session
-    // 12 the timed runs used a constant fill: every score equal, no softmax maximum ever moving.)
-    const size_t generated = io ? cache_elems : std::min(cache_elems, size_t(1) << 25);
+    // The generator's values (apps/bench_io.h), the same in every copy. (Until session 12 the
+    // timed runs used a constant fill: every score equal, no softmax maximum ever moving.)
     kvattn_cli::upload_bench_values(q.ptr, size_t(B) * c.num_qo_heads * D, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
-    kvattn_cli::upload_bench_values(kv.ptr, generated, kvattn_cli::kSeedK, kvattn_cli::kScaleKV);
-    kvattn_cli::upload_bench_values(kv.ptr + cache_elems, generated, kvattn_cli::kSeedV, kvattn_cli::kScaleKV);
-    for (uint16_t* cache : {kv.ptr, kv.ptr + cache_elems})
-      for (size_t filled = generated; filled < cache_elems;) {  // doubling copies of the prefix
-        const size_t n = std::min(filled, cache_elems - filled);
-        cuda_ok(cudaMemcpy(cache + filled, cache, n * 2, cudaMemcpyDeviceToDevice), "cudaMemcpy (repeat)");
-        filled += n;
-      }
-    for (int i = 1; i < copies; ++i)
-      cuda_ok(cudaMemcpy(kv.ptr + size_t(i) * 2 * cache_elems, kv.ptr, 2 * cache_elems * 2, cudaMemcpyDeviceToDevice),
-              "cudaMemcpy (cache copies)");
+    kvattn_cli::upload_bench_kv(kv.ptr, cache_elems, copies, io != nullptr);
   }
   const int64_t ws_bytes = int64_t(512) << 20;
   DeviceBuffer<char> ws(static_cast<size_t>(ws_bytes));
@@ -169,32 +156,6 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   plan.page_table = {TensorView(indptr.data(), DType::i32, {int64_t(indptr.size())}),
                      TensorView(indices.data(), DType::i32, {pages}),
                      TensorView(last.data(), DType::i32, {int64_t(B)})};
-  // plan() time, median of 20 after 3 warm-up plans (the first ones allocate the pinned staging
-  // buffers and wait behind this benchmark's setup, which a serving loop pays once): with the
-  // page ids on the host (copied each plan) and on the device (read in place; what the timed
-  // runs below use, as serving frameworks keep the page table on the GPU).
-  DeviceBuffer<int32_t> device_indices(static_cast<size_t>(pages));
-  cuda_ok(cudaMemcpy(device_indices.ptr, indices.data(), size_t(pages) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
-  cuda_ok(cudaDeviceSynchronize(), "setup");
-  auto median_plan_us = [&] {
-    for (int i = 0; i < 3; ++i) decode.plan(plan);
-    cuda_ok(cudaDeviceSynchronize(), "warm-up plans");
-    std::vector<double> us;
-    for (int i = 0; i < 20; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      decode.plan(plan);
-      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
-  };
-  const double plan_host_table_us = median_plan_us();
-  plan.page_table.indices = TensorView(device_indices.ptr, DType::i32, {pages}, kvattn::Device::cuda(0));
-  const double plan_us = median_plan_us();
-  if (o.host_table) {  // --host-table: the timed runs read the workspace's copy of the page ids
-    plan.page_table.indices = TensorView(indices.data(), DType::i32, {pages});
-    decode.plan(plan);
-  }
   auto cache_view = [&](int copy) {
     uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
     auto dev = kvattn::Device::cuda(0);
@@ -208,6 +169,29 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   };
   TensorView qv(q.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
   TensorView ov(out.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
+  // plan() time (time_plans: median and 90th percentile of 200, each plan followed by its run and
+  // a synchronisation, as in a serving step) with the page ids on the host (copied each plan) and
+  // on the device (read in place; what the timed runs below use, as serving frameworks keep the
+  // page table on the GPU).
+  DeviceBuffer<int32_t> device_indices(static_cast<size_t>(pages));
+  cuda_ok(cudaMemcpy(device_indices.ptr, indices.data(), size_t(pages) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  cuda_ok(cudaDeviceSynchronize(), "setup");
+  auto median_plan_us = [&] {
+    int step = 0;
+    return kvattn_cli::time_plans([&] { decode.plan(plan); },
+                                  [&] {
+                                    decode.run(qv, cache_view(step++ % copies), ov);
+                                    cuda_ok(cudaDeviceSynchronize(), "a step's run");
+                                  });
+  };
+  const kvattn_cli::PlanTimes plan_host_table = median_plan_us();
+  plan.page_table.indices = TensorView(device_indices.ptr, DType::i32, {pages}, kvattn::Device::cuda(0));
+  const kvattn_cli::PlanTimes plan_times = median_plan_us();
+  const double plan_us = plan_times.median_us, plan_host_table_us = plan_host_table.median_us;
+  if (o.host_table) {  // --host-table: the timed runs read the workspace's copy of the page ids
+    plan.page_table.indices = TensorView(indices.data(), DType::i32, {pages});
+    decode.plan(plan);
+  }
   // --via-prefill: the same step on the prefill kernels (one query token per request), for the
   // decode-on-prefill heuristic of the prefill issue; page ids as for BatchDecode (device unless
   // --host-table).
@@ -237,8 +221,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   const double gbps = bytes / (med * 1e-3) / 1e9;
   nlohmann::json row = {{"op", "decode"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
-          {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us},
-          {"plan_host_table_us", plan_host_table_us},
+          {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us}, {"plan_p90_us", plan_times.p90_us},
+          {"plan_host_table_us", plan_host_table_us}, {"plan_host_table_p90_us", plan_host_table.p90_us},
           {"l2_copies", copies}, {"workers", timed_plan ? timed_plan->num_workers() : 0},
           {"kernels", via_prefill ? "prefill" : "decode"}, {"page_ids", o.host_table ? "host" : "device"},
           {"items", timed_plan ? timed_plan->num_items() : 0},
@@ -281,8 +265,8 @@ void bench_decode(const DecodeBenchOptions& o) {
     io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench decode", o.save_io_kv_mb << 20);
   nlohmann::json rows = nlohmann::json::array();
   if (!json)
-    std::printf("%-28s %6s %10s %10s %8s %9s %10s\n", "decode (bf16, hd 128)", "heads", "time", "GB/s", "% 4.8T",
-                "plan", "plan(host)");
+    std::printf("%-28s %6s %10s %10s %8s %9s %9s %10s\n", "decode (bf16, hd 128)", "heads", "time", "GB/s", "% 4.8T",
+                "plan", "plan p90", "plan(host)");
   for (const auto& c : cases) {
     if (c.too_big()) {
       if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(), c.heads().c_str(), c.kv_gb());
@@ -290,10 +274,10 @@ void bench_decode(const DecodeBenchOptions& o) {
     }
     auto row = run_decode_case(c, o, 4800.0, io.get());
     if (!json)
-      std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us %7.1f us\n", c.name.c_str(),
+      std::printf("%-28s %6s %8.1f us %10.0f %7.1f%% %6.1f us %6.1f us %7.1f us\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), row["ms"].get<double>() * 1e3,
                   row["GBps"].get<double>(), row["pct_of_4800"].get<double>(), row["plan_us"].get<double>(),
-                  row["plan_host_table_us"].get<double>());
+                  row["plan_p90_us"].get<double>(), row["plan_host_table_us"].get<double>());
     std::fflush(stdout);
     rows.push_back(row);
   }

@@ -139,6 +139,21 @@ void upload_bench_values(uint16_t* dev, uint64_t count, uint32_t seed, float sca
   }
 }
 
+void upload_bench_kv(uint16_t* kv, size_t cache_elems, int copies, bool whole) {
+  const size_t generated = whole ? cache_elems : std::min(cache_elems, size_t(1) << 25);
+  upload_bench_values(kv, generated, kSeedK, kScaleKV);
+  upload_bench_values(kv + cache_elems, generated, kSeedV, kScaleKV);
+  for (uint16_t* cache : {kv, kv + cache_elems})
+    for (size_t filled = generated; filled < cache_elems;) {  // doubling copies of the prefix
+      const size_t n = std::min(filled, cache_elems - filled);
+      cuda_ok(cudaMemcpy(cache + filled, cache, n * 2, cudaMemcpyDeviceToDevice), "cudaMemcpy (repeat)");
+      filled += n;
+    }
+  for (int i = 1; i < copies; ++i)
+    cuda_ok(cudaMemcpy(kv + size_t(i) * 2 * cache_elems, kv, 2 * cache_elems * 2, cudaMemcpyDeviceToDevice),
+            "cudaMemcpy (cache copies)");
+}
+
 void export_decode_case(IoExport& io, const DecodeCaseIo& c) {
   const std::string dir = io.case_dir(c.id);
   const int64_t rows = c.batch * c.num_qo_heads, D = c.head_dim;

@@ -85,6 +85,12 @@ struct IoPageTable {
 // values, made on the host through two pinned chunks (making one overlaps copying the other).
 void upload_bench_values(uint16_t* dev, uint64_t count, uint32_t seed, float scale);
 
+// The paged K and V caches of a timed case at `kv` (K: cache_elems bf16, then V), then `copies`
+// copies of both (cold-L2 rotation): the generator's values; with `whole` all of each cache
+// (exports, whose readers regenerate them), otherwise its first 32 Mi elements (64 MB) repeated
+// over the rest, so that caches of tens of GB are not generated on the host.
+void upload_bench_kv(uint16_t* kv, size_t cache_elems, int copies, bool whole);
+
 // One decode case for the export: its manifest fields, the device tensors (q [B, Hq, D], the
 // NHD caches [pages, page_size, Hkv, D], out [B, Hq, D] bf16, lse [B, Hq] f32) and the host page
 // table. export_decode_case copies them to the host and writes them.

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "core/attention_plan.h"
+#include "core/env_knobs.h"
 #include "core/block_sparse_gpu.h"
 #include "core/prefill_gpu.h"
 #include "core/validate.h"
@@ -396,6 +397,7 @@ BatchDecode::BatchDecode(BatchDecode&&) noexcept = default;
 BatchDecode& BatchDecode::operator=(BatchDecode&&) noexcept = default;
 
 void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
+  detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::paged;
   plan->is_decode = true;
@@ -469,6 +471,7 @@ BatchPrefill::BatchPrefill(BatchPrefill&&) noexcept = default;
 BatchPrefill& BatchPrefill::operator=(BatchPrefill&&) noexcept = default;
 
 void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
+  detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
   auto plan = std::make_unique<AttentionPlan>();
   plan->shape = detail::resolve_shape(params);
   plan->variant = detail::make_variant_params(plan->shape);
@@ -585,6 +588,7 @@ BlockSparseAttention::BlockSparseAttention(BlockSparseAttention&&) noexcept = de
 BlockSparseAttention& BlockSparseAttention::operator=(BlockSparseAttention&&) noexcept = default;
 
 void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
+  detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::block_sparse;
   plan->shape = detail::resolve_shape(params);

@@ -1,4 +1,5 @@
 #include "cuda/decode_kernels.h"
+#include "core/env_knobs.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -58,14 +59,14 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   c.threads = 128;
   // One CTA per item measured faster than persistent workers on the H200 (docs/PERFORMANCE.md);
   // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
-  const char* grid_env = std::getenv("KVATTN_DECODE_GRID");
+  const char* grid_env = detail::knob("KVATTN_DECODE_GRID");
   const std::string grid = grid_env ? grid_env : "";
   KVATTN_CHECK(grid.empty() || grid == "items" || grid == "workers", "KVATTN_DECODE_GRID is items or workers, not '",
                grid, "'");
   c.persistent = grid == "workers";
   // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async;
   // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements.
-  const char* env = std::getenv("KVATTN_DECODE_KERNEL");
+  const char* env = detail::knob("KVATTN_DECODE_KERNEL");
   const std::string kernel = env ? env : "";
   KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
                "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
@@ -77,12 +78,12 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   c.tma = c.bulk && kernel.empty() && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0 &&
           !(features & kernels::kSlidingWindow);
   int smem_limit = 110 * 1024;
-  const char* stages_env = std::getenv("KVATTN_DECODE_BULK_STAGES");
+  const char* stages_env = detail::knob("KVATTN_DECODE_BULK_STAGES");
   const std::string stages = stages_env ? stages_env : "";
   KVATTN_CHECK(stages.empty() || (stages.size() == 1 && stages[0] >= '2' && stages[0] <= '6'),
                "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '", stages, "'");
   // Experiment knob: KVATTN_DECODE_WARPS=2|3|4 sets the bulk kernels' warps (16 tokens each).
-  const char* warps_env = std::getenv("KVATTN_DECODE_WARPS");
+  const char* warps_env = detail::knob("KVATTN_DECODE_WARPS");
   const std::string warps = warps_env ? warps_env : "";
   KVATTN_CHECK(warps.empty() || warps == "2" || warps == "3" || warps == "4", "KVATTN_DECODE_WARPS is 2, 3 or 4, not '",
                warps, "'");
@@ -104,7 +105,7 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
 }
 
 bool decode_folds_in_kernel() {
-  const char* env = std::getenv("KVATTN_DECODE_MERGE");
+  const char* env = detail::knob("KVATTN_DECODE_MERGE");
   const std::string v = env ? env : "";
   KVATTN_CHECK(v.empty() || v == "fold" || v == "kernel", "KVATTN_DECODE_MERGE is fold or kernel, not '", v, "'");
   return v == "fold";
@@ -155,7 +156,7 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   }
   // Experiment knob (docs/NOTES.md): KVATTN_DECODE_L2_PREFETCH=64|128|256 adds the L2 prefetch
   // hint to the K/V copies.
-  if (const char* l2 = std::getenv("KVATTN_DECODE_L2_PREFETCH")) {
+  if (const char* l2 = detail::knob("KVATTN_DECODE_L2_PREFETCH")) {
     const std::string v = l2;
     KVATTN_CHECK(v == "64" || v == "128" || v == "256", "KVATTN_DECODE_L2_PREFETCH is 64, 128 or 256, not '", v, "'");
     spec.options.push_back("-DKVATTN_L2_PREFETCH=" + v);
@@ -188,7 +189,7 @@ bool decode_batch_is_skewed(std::span<const int32_t> kv_len) {
 
 bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
                                  uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block) {
-  const char* env = std::getenv("KVATTN_DECODE_KERNEL");
+  const char* env = detail::knob("KVATTN_DECODE_KERNEL");
   const std::string kernel = env ? env : "";
   KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
                "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/runtime.h"
+#include "core/env_knobs.h"
 #include "kvattn/error.h"
 
 namespace kvattn::cuda {
@@ -60,7 +61,7 @@ struct WorkspaceLayout {
 // after the last phase (printing inside a phase would be timed with it).
 struct PhaseTrace {
   static constexpr int kMaxPhases = 8;
-  bool on = std::getenv("KVATTN_PLAN_TRACE") != nullptr;
+  bool on = detail::knob("KVATTN_PLAN_TRACE") != nullptr;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), t = start;
   const char* names[kMaxPhases] = {};
   double us[kMaxPhases] = {};
@@ -103,13 +104,13 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   // Programmatic dependent launch (sm_90+): the merge kernel is scheduled while the decode
   // kernel's last CTAs run and waits in-kernel for it (griddepcontrol). KVATTN_DECODE_PDL=0 turns
   // it off, for comparisons. Checked before anything is staged: a failed plan() changes nothing.
-  const char* pdl_env = std::getenv("KVATTN_DECODE_PDL");
+  const char* pdl_env = detail::knob("KVATTN_DECODE_PDL");
   const std::string pdl = pdl_env ? pdl_env : "";
   KVATTN_CHECK(pdl.empty() || pdl == "0" || pdl == "1", "KVATTN_DECODE_PDL is 0 or 1, not '", pdl, "'");
   const bool early_merge = dev.cc_major >= 9 && pdl != "0";
   // KVATTN_DECODE_TMA_BOXES=0 sends every tile of the TMA kernel down its cp.async path (tests of
   // that path, measurements).
-  const char* boxes_env = std::getenv("KVATTN_DECODE_TMA_BOXES");
+  const char* boxes_env = detail::knob("KVATTN_DECODE_TMA_BOXES");
   const std::string boxes = boxes_env ? boxes_env : "";
   KVATTN_CHECK(boxes.empty() || boxes == "0" || boxes == "1", "KVATTN_DECODE_TMA_BOXES is 0 or 1, not '", boxes,
                "'");
@@ -180,7 +181,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
 
-  // Stage metadata and page ids in pinned memory (the buffer used two plans ago), then one copy.
+  // Stage metadata and page ids in pinned memory, then one copy (cuda/plan_staging.h).
   const int64_t copy_bytes = L.end - L.meta_begin();
   char* host = staging_.acquire(copy_bytes) - L.meta_begin();  // host + offset mirrors the workspace
   trace.mark("wait+alloc");
@@ -201,19 +202,23 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   attach_page_runs(items, pos, pr.kv_indptr, pr.kv_len);
   *reinterpret_cast<int32_t*>(host + L.slice_slots) = int32_t(plan.slice_slots());
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
-  auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
-  std::memset(slot_merge, 0, size_t(plan.slot_capacity()) * 4);
-  for (int64_t i = 0; i < plan.num_merges(); ++i) {
-    const MergeEntry& m = plan.merges()[size_t(i)];
-    for (int32_t s = m.slot_begin; s < m.slot_begin + m.num_slots; ++s) slot_merge[s] = int32_t(i);
+  if (fold_in_kernel) {  // only the in-kernel fold reads these (unset, they travel as garbage)
+    auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
+    std::memset(slot_merge, 0, size_t(plan.slot_capacity()) * 4);
+    for (int64_t i = 0; i < plan.num_merges(); ++i) {
+      const MergeEntry& m = plan.merges()[size_t(i)];
+      for (int32_t s = m.slot_begin; s < m.slot_begin + m.num_slots; ++s) slot_merge[s] = int32_t(i);
+    }
+    std::memset(host + L.merge_counters, 0, size_t(merge_cap * head_chunks) * 4);
   }
-  std::memset(host + L.merge_counters, 0, size_t(merge_cap * head_chunks) * 4);
   std::memset(host + L.error, 0, kPageErrorWords * 4);
   if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
   trace.mark("stage");
-  staging_.commit(ws + L.meta_begin(), copy_bytes, stream);
+  staging_.copy(ws + L.meta_begin(), copy_bytes, stream);
   trace.mark("copy");
+  staging_.release(stream);
+  trace.mark("release");
 
   kernels::DecodeParams b{};
   b.kv_indices = pr.device_kv_indices ? pr.device_kv_indices : reinterpret_cast<const int32_t*>(ws + L.indices);
@@ -331,7 +336,7 @@ const DecodeRunner::TensorMaps& DecodeRunner::tensor_maps(const PagedCacheView& 
                 k_dim == v_dim;
   fresh.token_dim = k_dim;
   // Without maps every tile takes the kernel's cp.async path: right, but slower. Say so when asked.
-  if (!fresh.ready && std::getenv("KVATTN_PLAN_TRACE"))
+  if (!fresh.ready && detail::knob("KVATTN_PLAN_TRACE"))
     std::fprintf(stderr,
                  "[run]  no TMA tensor maps for this K/V cache (strides in elements: page %lld, token %lld, "
                  "head %lld; see cuda/tensor_map.h): every tile takes the cp.async path\n",

@@ -30,10 +30,13 @@ char* PlanStaging::acquire(int64_t bytes) {
   return static_cast<char*>(b.host);
 }
 
-void PlanStaging::commit(void* device_dst, int64_t bytes, cudaStream_t stream) {
-  Buffer& b = buffers_[next_];
-  check(cudaMemcpyAsync(device_dst, b.host, size_t(bytes), cudaMemcpyHostToDevice, stream), "copying the plan");
-  check(cudaEventRecord(b.copied, stream), "recording the plan's copy");
+void PlanStaging::copy(void* device_dst, int64_t bytes, cudaStream_t stream) {
+  check(cudaMemcpyAsync(device_dst, buffers_[next_].host, size_t(bytes), cudaMemcpyHostToDevice, stream),
+        "copying the plan");
+}
+
+void PlanStaging::release(cudaStream_t stream) {
+  check(cudaEventRecord(buffers_[next_].copied, stream), "recording the plan's copy");
   next_ ^= 1;
 }
 

@@ -22,9 +22,11 @@ class PlanStaging {
 
   // A host buffer of at least `bytes` for this plan; waits for that buffer's earlier copy.
   char* acquire(int64_t bytes);
-  // Copies the first `bytes` of the acquired buffer to `device_dst` on `stream` and hands the
-  // buffer back until two plans later.
-  void commit(void* device_dst, int64_t bytes, cudaStream_t stream);
+  // Copies the first `bytes` of the acquired buffer to `device_dst` on `stream`; then release()
+  // on the same stream hands the buffer back until two plans later (two calls, so that
+  // KVATTN_PLAN_TRACE times the copy and the event record apart).
+  void copy(void* device_dst, int64_t bytes, cudaStream_t stream);
+  void release(cudaStream_t stream);
 
  private:
   struct Buffer {

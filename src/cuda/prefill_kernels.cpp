@@ -1,4 +1,5 @@
 #include "cuda/prefill_kernels.h"
+#include "core/env_knobs.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -37,7 +38,7 @@ std::string PrefillKernelConfig::name() const {
 }
 
 std::string prefill_variant_for() {
-  const char* v = std::getenv("KVATTN_PREFILL_VARIANT");
+  const char* v = detail::knob("KVATTN_PREFILL_VARIANT");
   if (v && *v) return v;
   // m2k64 is the fastest on the H200 (PERFORMANCE.md). Soft-cap at head dims 65-128 took m2k48
   // until session 10 (m2k64 spilled); with the soft-cap tuning m2k64 measured 308.6 against
@@ -48,7 +49,7 @@ std::string prefill_variant_for() {
 uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, int heads_per_cta, bool paged,
                             bool fast_tanh) {
   using namespace kernels::prefill;
-  if (const char* env = std::getenv("KVATTN_PREFILL_TUNING"); env && *env) {
+  if (const char* env = detail::knob("KVATTN_PREFILL_TUNING"); env && *env) {
     const std::string v = env;
     const bool digits = v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
     const int bits = digits ? std::stoi(v) : -1;
@@ -123,7 +124,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   c.features = features;
   c.paged = paged;
   c.page_size = paged && page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0 ? page_size : 0;
-  const char* tanh_env = std::getenv("KVATTN_PREFILL_TANH");
+  const char* tanh_env = detail::knob("KVATTN_PREFILL_TANH");
   const std::string tanh_mode = tanh_env ? tanh_env : "";
   KVATTN_CHECK(tanh_mode.empty() || tanh_mode == "exact" || tanh_mode == "approx",
                "KVATTN_PREFILL_TANH is exact or approx, not '", tanh_mode, "'");

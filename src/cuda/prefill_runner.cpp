@@ -110,7 +110,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
 
-  // Stage everything in pinned memory (the buffer used two plans ago), then one copy.
+  // Stage everything in pinned memory, then one copy (cuda/plan_staging.h).
   const int64_t copy_bytes = L.end - L.items;
   char* host = staging_.acquire(copy_bytes) - L.items;  // host + offset mirrors the workspace
   stage_items_round_robin(plan, plan.num_workers(), plan.item_capacity(),
@@ -131,7 +131,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     if (!pr.custom_mask.empty()) std::memcpy(host + L.mask, pr.custom_mask.data(), pr.custom_mask.size());
   }
   char* ws = static_cast<char*>(workspace);
-  staging_.commit(ws + L.items, copy_bytes, stream);
+  staging_.copy(ws + L.items, copy_bytes, stream);
+  staging_.release(stream);
 
   kernels::PrefillParams b{};
   b.qo_indptr = reinterpret_cast<const int32_t*>(ws + L.qo_indptr);
