@@ -251,10 +251,12 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_NE(plain.name(), hd256.name());
   ::setenv("KVATTN_PREFILL_TUNING", "0", 1);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), 0u);
-  ::setenv("KVATTN_PREFILL_TUNING", "128", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-127, not '128'");
+  ::setenv("KVATTN_PREFILL_TUNING", "255", 1);
+  EXPECT_EQ(tuning(128, 128, DType::bf16, 0), 255u);
+  ::setenv("KVATTN_PREFILL_TUNING", "256", 1);
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-255, not '256'");
   ::setenv("KVATTN_PREFILL_TUNING", "x", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-127, not 'x'");
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-255, not 'x'");
   ::unsetenv("KVATTN_PREFILL_TUNING");
 }
 

@@ -52,7 +52,7 @@ struct PrefillKernelConfig {
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
 //   m2k48s3   4x2 k48 s3 b2       4x2 k48 s3 b2      8x1 k48 s2 b1
 // KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
-// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-127>
+// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-255>
 // replaces them (an experiment knob, read at every plan).
 struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;

@@ -23,6 +23,8 @@ struct PrefillMmaKernel {
   using IO = TileIO<C>;
   using SM = ScoreMath<C>;
   static constexpr int MT = C::MT, kNT = C::KV_TILE / 8, kND = C::DVO / 8;
+  // Accumulator n-tiles: O's, then (kRowSumMMA) one whose every column is the row sum d.
+  static constexpr int kNAcc = kND + (C::kRowSumMMA ? 1 : 0);
   static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
   static constexpr bool kSplitKV = !C::kTransform;  // a transform needs K and V of a tile at once
   static constexpr int kSmemBytes = C::kSmemBytes;
@@ -103,13 +105,13 @@ struct PrefillMmaKernel {
       for (int ks = 0; ks < C::DQK / 16; ++ks) ldmatrix_x4(qfrag[ks], q_warp + ks * 32);
     }
 
-    float m[MT][2], d[MT][2], acc[MT][kND][4];
+    float m[MT][2], d[MT][2], acc[MT][kNAcc][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) m[mt][r] = -INFINITY, d[mt][r] = 0.0f;
 #pragma unroll
-      for (int n = 0; n < kND; ++n)
+      for (int n = 0; n < kNAcc; ++n)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[mt][n][j] = 0.0f;
     }
@@ -232,8 +234,10 @@ struct PrefillMmaKernel {
   // matrices (tokens 0-7, dims 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = b0, b1 of the
   // n-tile of dims 0-7 and b0, b1 of dims 8-15.
   static __device__ __forceinline__ void accumulate_pv(const float (&s)[MT][kNT][4], const PPacked& pp,
-                                                       float (&acc)[MT][kND][4],
+                                                       float (&acc)[MT][kNAcc][4],
                                                        const char* vs_base, int lane) {
+    // kRowSumMMA: B = ones, so every column of the extra tile gains P's row sums over 16 tokens.
+    constexpr uint32_t kOnes = C::DT == kBF16 ? 0x3f803f80u : 0x3c003c00u;
     const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
     const char* v_lane = vs_base + v_row * C::kPitchV + v_col * 2;
     // Swizzled V (v_row % 8 == lane % 8): chunk (v_col / 8 + 2 dn) ^ (lane % 8).
@@ -259,6 +263,14 @@ struct PrefillMmaKernel {
           }
         }
       }
+      if constexpr (C::kRowSumMMA)
+#pragma unroll
+        for (int kk = 0; kk < C::KV_TILE / 16; ++kk)
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t pa[4] = {pp[mt][2 * kk][0], pp[mt][2 * kk][1], pp[mt][2 * kk + 1][0], pp[mt][2 * kk + 1][1]};
+            mma_16816<C::DT>(acc[mt][kND], pa, kOnes, kOnes);
+          }
       return;
     }
 #pragma unroll
@@ -291,6 +303,9 @@ struct PrefillMmaKernel {
           mma_16816<C::DT>(acc[mt][2 * dn + 1], pa[mt], b[2], b[3]);
         }
       }
+      if constexpr (C::kRowSumMMA)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_16816<C::DT>(acc[mt][kND], pa[mt], kOnes, kOnes);
     }
   }
 
@@ -310,7 +325,7 @@ struct PrefillMmaKernel {
   // (NaN when `poisoned`: the merge then makes the whole row NaN).
   static __device__ __forceinline__ void store(const PrefillParams& p, const ItemInfo& it, const DeviceWorkItem& item,
                                                const float (&m)[MT][2], float (&d)[MT][2],
-                                               const float (&acc)[MT][kND][4], int row0, int g, int t4, float c_exp,
+                                               const float (&acc)[MT][kNAcc][4], int row0, int g, int t4, float c_exp,
                                                bool poisoned) {
     const int group = p.num_qo_heads / p.num_kv_heads;
     const bool aligned = (reinterpret_cast<uint64_t>(p.o) & (C::ODT == kF32 ? 7 : 3)) == 0 &&
@@ -319,8 +334,12 @@ struct PrefillMmaKernel {
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 1);
-        d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 2);
+        if constexpr (C::kRowSumMMA) {
+          d[mt][r] = acc[mt][kND][2 * r];  // the MMA summed over the quad's columns already
+        } else {
+          d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 1);
+          d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 2);
+        }
         const int row = row0 + mt * 16 + g + 8 * r;
         const int tq = row / C::GH;
         if (tq >= it.q_tokens) continue;

@@ -196,7 +196,8 @@ struct ScoreMath {
 
   // Online softmax over the tile: new row maxima (reduced over the quad sharing a row), the
   // rescale of d and O (skipped when no row of the warp moved), P = 2^(c s - c m) in place.
-  // m is kept in score units; c = exp_scale().
+  // m is kept in score units; c = exp_scale(). With kRowSumMMA the row sums are acc's last
+  // n-tile (the P V pass adds them), rescaled with O.
   template <int NACC>
   static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
                                                         float (&acc)[MT][NACC][4], float c) {
@@ -222,13 +223,13 @@ struct ScoreMath {
         rescale[mt][r] = m[mt][r] == -INFINITY ? 0.0f : fast_exp2(m[mt][r] * c - m_scaled);  // O, d were 0
         moved = moved || mx != m[mt][r];
         m[mt][r] = mx;
-        d[mt][r] *= rescale[mt][r];
+        if constexpr (!C::kRowSumMMA) d[mt][r] *= rescale[mt][r];  // else d is acc's last tile
 #pragma unroll
         for (int n = 0; n < kNT; ++n)
 #pragma unroll
           for (int j = 2 * r; j < 2 * r + 2; ++j) {
             s[mt][n][j] = fast_exp2(fmaf(s[mt][n][j], c, -m_scaled));
-            d[mt][r] += s[mt][n][j];
+            if constexpr (!C::kRowSumMMA) d[mt][r] += s[mt][n][j];
           }
       }
     if (__any_sync(0xffffffffu, moved)) {

@@ -35,7 +35,12 @@ namespace kvattn::kernels::prefill {
 //    within noise of 31 on hd 128, session 12);
 //  - kTuneWholeTileTransform: soft-cap / ALiBi / sigmoid transform a tile no mask cuts in one
 //    branch-free block, not one block per row (the per-row branch on `masked` split it in 8):
-//    ALiBi +3.7%, soft-cap 2-3% slower (its MUFU work then sits among the Q K^T MMAs).
+//    ALiBi +3.7%, soft-cap 2-3% slower (its MUFU work then sits among the Q K^T MMAs);
+//  - kTuneRowSumMMA (softmax variants): the row sums d come from one more MMA per 16 keys, of the
+//    packed P against ones, instead of one FADD per score, so d sums exactly the rounded weights
+//    P V uses (O a weighted mean of V rows). An experiment (session 13): hd 64 +3.5%, hd 128
+//    page 16 +4%, but the rest 2-9% slower, and the LSE then carries the weights' bf16 rounding
+//    (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no kernel takes it.
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
@@ -44,7 +49,8 @@ enum PrefillTuning : unsigned {
   kTuneLeanCopies = 16u,
   kTunePVByDim = 32u,
   kTuneWholeTileTransform = 64u,
-  kTuneAll = 127u
+  kTuneRowSumMMA = 128u,
+  kTuneAll = 255u
 };
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }

@@ -47,6 +47,7 @@ struct PrefillConfig {
   static constexpr bool kLeanCopies = (TUNING & kTuneLeanCopies) != 0;
   static constexpr bool kPVByDim = (TUNING & kTunePVByDim) != 0 && kPackP;
   static constexpr bool kWholeTileTransform = (TUNING & kTuneWholeTileTransform) != 0;
+  static constexpr bool kRowSumMMA = (TUNING & kTuneRowSumMMA) != 0 && (FEATURES & kSigmoid) == 0;
   static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
   static constexpr int kPitchK = kv_pitch_bytes(DQK * 2, kSwizzleKV), kPitchV = kv_pitch_bytes(DVO * 2, kSwizzleKV);
