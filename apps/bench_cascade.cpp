@@ -165,8 +165,6 @@ using kvattn_cli::DeviceBuffer;
 
 using kvattn_cli::median_ms;
 
-// Median host wall time of plan() in microseconds: 20 calls after 3 warm-ups (the first ones
-// allocate pinned staging buffers and wait behind the setup).
 nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double peak_gbps, kvattn_cli::IoExport* io) {
   using kvattn::DType;
   using kvattn::TensorView;

@@ -176,7 +176,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   DeviceBuffer<int32_t> device_indices(static_cast<size_t>(pages));
   cuda_ok(cudaMemcpy(device_indices.ptr, indices.data(), size_t(pages) * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
   cuda_ok(cudaDeviceSynchronize(), "setup");
-  auto median_plan_us = [&] {
+  auto plan_times_of = [&] {
     int step = 0;
     return kvattn_cli::time_plans([&] { decode.plan(plan); },
                                   [&] {
@@ -184,9 +184,9 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
                                     cuda_ok(cudaDeviceSynchronize(), "a step's run");
                                   });
   };
-  const kvattn_cli::PlanTimes plan_host_table = median_plan_us();
+  const kvattn_cli::PlanTimes plan_host_table = plan_times_of();
   plan.page_table.indices = TensorView(device_indices.ptr, DType::i32, {pages}, kvattn::Device::cuda(0));
-  const kvattn_cli::PlanTimes plan_times = median_plan_us();
+  const kvattn_cli::PlanTimes plan_times = plan_times_of();
   const double plan_us = plan_times.median_us, plan_host_table_us = plan_host_table.median_us;
   if (o.host_table) {  // --host-table: the timed runs read the workspace's copy of the page ids
     plan.page_table.indices = TensorView(indices.data(), DType::i32, {pages});

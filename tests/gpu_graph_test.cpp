@@ -3,11 +3,11 @@
 // checked against the float64 reference. Skips where there is no CUDA device.
 #include <gtest/gtest.h>
 
-#include "reference/reference.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
 #include "support/device_mirror.h"
 #include "support/paged_kv.h"
+#include "support/request_pool.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -24,22 +24,8 @@ TEST(GpuGraph, CaptureOnceReplanAndReplay) {
   const int max_batch = 8, hq = 16, hkv = 4, D = 64, P = 16;
   const int64_t max_len = 900;
   // A pool of max_batch requests at max_len; each round uses prefixes of some of them.
-  PagedKVSpec spec{std::vector<int64_t>(max_batch, max_len), P, hkv, D, D, DType::bf16,
-                   kvattn::KVLayout::NHD, false, false, false, 2};
-  PagedKV pool(spec, rng);
-  std::vector<std::vector<double>> k(max_batch), v(max_batch);
-  for (int b = 0; b < max_batch; ++b) {
-    k[size_t(b)].resize(size_t(max_len * hkv * D));
-    v[size_t(b)].resize(size_t(max_len * hkv * D));
-    for (int64_t t = 0; t < max_len; ++t)
-      for (int h = 0; h < hkv; ++h)
-        for (int e = 0; e < D; ++e) {
-          size_t i = size_t((t * hkv + h) * D + e);
-          k[size_t(b)][i] = pool.set_k(size_t(b), t, h, e, rng.normal());
-          v[size_t(b)][i] = pool.set_v(size_t(b), t, h, e, rng.uniform(-1, 1));
-        }
-  }
-  DeviceMirror dk(pool.k), dv(pool.v);
+  RequestPool pool(max_batch, max_len, P, hkv, D, rng);
+  DeviceMirror dk(pool.cache.k), dv(pool.cache.v);
   auto cache = kvattn::PagedKVCache::split(dk.view(), dv.view(), kvattn::KVLayout::NHD);
   HostTensor q(DType::bf16, {max_batch, hq, D}), out(DType::bf16, {max_batch, hq, D}),
       lse(DType::f32, {max_batch, hq});
@@ -48,11 +34,7 @@ TEST(GpuGraph, CaptureOnceReplanAndReplay) {
   DeviceBytes ws(int64_t(32) << 20);
 
   kvattn::BatchDecode op(ws.view());
-  kvattn::BatchDecodePlan p;
-  p.num_qo_heads = hq;
-  p.num_kv_heads = hkv;
-  p.head_dim_qk = D;
-  p.page_size = P;
+  kvattn::BatchDecodePlan p = pool.decode_plan(hq);
   p.scheduler.cuda_graph = kvattn::GraphCapacity{max_batch, max_batch};
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -68,7 +50,7 @@ TEST(GpuGraph, CaptureOnceReplanAndReplay) {
       if (rng.coin(0.1)) len = max_len;
       lens.push_back(len);
       int64_t pages = (len + P - 1) / P;
-      const auto& own = pool.pages_of(size_t(b));
+      const auto& own = pool.cache.pages_of(size_t(b));
       indices.insert(indices.end(), own.begin(), own.begin() + pages);
       indptr.push_back(int32_t(indices.size()));
       last.push_back(int32_t(pages ? len - (pages - 1) * P : 0));
@@ -104,24 +86,17 @@ TEST(GpuGraph, CaptureOnceReplanAndReplay) {
     HostTensor out_b(DType::bf16, {B, hq, D}), lse_b(DType::f32, {B, hq});
     out_b.poison();
     lse_b.poison();
-    std::vector<double> o_ref, mag, lse_ref;
-    for (int b = 0; b < B; ++b) {
-      ref::Request r{1, lens[size_t(b)], hq, hkv, D, D, qd.data() + size_t(b) * hq * D,
-                     k[size_t(b)].data(), v[size_t(b)].data(), lens[size_t(b)] - 1, {}};
-      auto res = ref::attention(r, kvattn::Variant{});
-      o_ref.insert(o_ref.end(), res.o.begin(), res.o.end());
-      mag.insert(mag.end(), res.o_mag.begin(), res.o_mag.end());
-      lse_ref.insert(lse_ref.end(), res.lse.begin(), res.lse.end());
+    const auto ref = pool.decode_reference(lens, qd.data(), hq);
+    for (int b = 0; b < B; ++b)
       for (int h = 0; h < hq; ++h) {
         lse_b.set({b, h}, lse.get({b, h}));
         for (int e = 0; e < D; ++e) out_b.set({b, h, e}, out.get({b, h, e}));
       }
-    }
     ComputeTolerance tol;
     tol.accumulation = 0x1p-8;  // tensor-core path: weights rounded to bf16
     SCOPED_TRACE("round " + std::to_string(round) + ", batch " + std::to_string(B));
-    EXPECT_TRUE(outputs_match(out_b, o_ref, mag, tol));
-    EXPECT_TRUE(lse_match(lse_b, lse_ref, tol));
+    EXPECT_TRUE(outputs_match(out_b, ref.o, ref.mag, tol));
+    EXPECT_TRUE(lse_match(lse_b, ref.lse, tol));
     // Rows past the batch are not written.
     for (int64_t i = B * hq * D; i < max_batch * hq * D; ++i)
       ASSERT_TRUE(out.is_poison_at(i)) << "row past the batch written at element " << i;

@@ -1,18 +1,19 @@
 // plan() stages its work list in two pinned buffers used in turn (cuda/plan_staging.h); a buffer
-// is reused once the copy made from it two plans ago has finished. Here the host runs many plans
-// ahead of a stalled stream, so plan() must wait for those copies, with batches of every staged
-// size from a few KB to 40 KB (page size 1: a page id per token). Every run is checked against the
-// float64 reference. Skips without a CUDA device.
+// is reused once the copy made from it two plans ago has finished. Here the host plans ahead of a
+// stream stalled for 50 ms, so the third plan() must wait for the first one's copy (and the rest
+// queue behind it), with staged plans from a few KB to 40 KB (page size 1: a page id per token).
+// Every run is checked against the float64 reference: a buffer reused too early would hand an
+// earlier run a later plan. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
-#include "reference/reference.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
 #include "support/device_mirror.h"
 #include "support/paged_kv.h"
+#include "support/request_pool.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -32,22 +33,8 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
   // one-request batch a few KB.
   const int max_batch = 8, hq = 16, hkv = 4, D = 64, P = 1, rounds = 13;
   const int64_t max_len = 1200;
-  PagedKVSpec spec{std::vector<int64_t>(max_batch, max_len), P, hkv, D, D, DType::bf16,
-                   kvattn::KVLayout::NHD, false, false, false, 2};
-  PagedKV pool(spec, rng);
-  std::vector<std::vector<double>> k(max_batch), v(max_batch);
-  for (int b = 0; b < max_batch; ++b) {
-    k[size_t(b)].resize(size_t(max_len * hkv * D));
-    v[size_t(b)].resize(size_t(max_len * hkv * D));
-    for (int64_t t = 0; t < max_len; ++t)
-      for (int h = 0; h < hkv; ++h)
-        for (int e = 0; e < D; ++e) {
-          size_t i = size_t((t * hkv + h) * D + e);
-          k[size_t(b)][i] = pool.set_k(size_t(b), t, h, e, rng.normal());
-          v[size_t(b)][i] = pool.set_v(size_t(b), t, h, e, rng.uniform(-1, 1));
-        }
-  }
-  DeviceMirror dk(pool.k), dv(pool.v);
+  RequestPool pool(max_batch, max_len, P, hkv, D, rng);
+  DeviceMirror dk(pool.cache.k), dv(pool.cache.v);
   auto cache = kvattn::PagedKVCache::split(dk.view(), dv.view(), kvattn::KVLayout::NHD);
 
   struct Round {
@@ -66,7 +53,7 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
     for (int b = 0; b < B; ++b) {
       const int64_t len = r % 3 == 0 ? max_len : rng.integer(1, max_len);
       R.lens.push_back(len);
-      const auto& own = pool.pages_of(size_t(b));
+      const auto& own = pool.cache.pages_of(size_t(b));
       indices.insert(indices.end(), own.begin(), own.begin() + len);
       indptr.push_back(int32_t(indices.size()));
       last.push_back(1);
@@ -89,11 +76,7 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
 
   DeviceBytes ws(int64_t(64) << 20);
   kvattn::BatchDecode op(ws.view());
-  kvattn::BatchDecodePlan p;
-  p.num_qo_heads = hq;
-  p.num_kv_heads = hkv;
-  p.head_dim_qk = D;
-  p.page_size = P;
+  kvattn::BatchDecodePlan p = pool.decode_plan(hq);
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   // The kernels are compiled or loaded before the stream stalls.
@@ -105,7 +88,7 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
   all[0].dlse->upload();
 
   // The stream sleeps 50 ms before any of these copies; the third plan() must wait for the first
-  // one's copy, and the rest in turn, while the runs queue up behind them.
+  // one's copy, while the runs queue up behind them.
   ASSERT_EQ(cudaLaunchHostFunc(stream, stall_stream, nullptr), cudaSuccess);
   for (int r = 0; r < rounds; ++r) {
     Round& R = all[size_t(r)];
@@ -121,20 +104,12 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
     Round& R = all[size_t(r)];
     R.dout->copy_back(*R.out);
     R.dlse->copy_back(*R.lse);
-    std::vector<double> o_ref, mag, lse_ref;
-    for (size_t b = 0; b < R.lens.size(); ++b) {
-      ref::Request req{1, R.lens[b], hq, hkv, D, D, R.q.data() + b * hq * D, k[b].data(), v[b].data(),
-                       R.lens[b] - 1, {}};
-      auto res = ref::attention(req, kvattn::Variant{});
-      o_ref.insert(o_ref.end(), res.o.begin(), res.o.end());
-      mag.insert(mag.end(), res.o_mag.begin(), res.o_mag.end());
-      lse_ref.insert(lse_ref.end(), res.lse.begin(), res.lse.end());
-    }
+    const auto ref = pool.decode_reference(R.lens, R.q.data(), hq);
     ComputeTolerance tol;
     tol.accumulation = 0x1p-8;  // weights rounded to bf16 for the tensor-core P V
     SCOPED_TRACE("round " + std::to_string(r) + ", batch " + std::to_string(R.lens.size()));
-    EXPECT_TRUE(outputs_match(*R.out, o_ref, mag, tol));
-    EXPECT_TRUE(lse_match(*R.lse, lse_ref, tol));
+    EXPECT_TRUE(outputs_match(*R.out, ref.o, ref.mag, tol));
+    EXPECT_TRUE(lse_match(*R.lse, ref.lse, tol));
   }
 }
 

@@ -202,7 +202,9 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   attach_page_runs(items, pos, pr.kv_indptr, pr.kv_len);
   *reinterpret_cast<int32_t*>(host + L.slice_slots) = int32_t(plan.slice_slots());
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
-  if (fold_in_kernel) {  // only the in-kernel fold reads these (unset, they travel as garbage)
+  // Only the in-kernel fold reads these (else they travel as garbage); graph mode fills them
+  // always, since a graph captured with the fold keeps reading them after a re-plan without it.
+  if (fold_in_kernel || opts.cuda_graph) {
     auto* slot_merge = reinterpret_cast<int32_t*>(host + L.slot_merge);
     std::memset(slot_merge, 0, size_t(plan.slot_capacity()) * 4);
     for (int64_t i = 0; i < plan.num_merges(); ++i) {
