@@ -82,10 +82,21 @@ struct DecodeBenchOptions {
   bool no_split = false;     // SchedulerOptions::disable_split_kv
   int split_size = 0;        // SchedulerOptions::fixed_split_size; 0: the planner decides
   bool hnd = false;          // read the cache as HND ([page, head, token, dim]) instead of NHD
+  std::vector<int32_t> kv_lens;  // --kv-lens: one more case, "custom_h32-8", of these lengths
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
-  return kvattn_cli::pick_cases(decode_cases(o.quick), o.cases, o.quick);
+  auto all = decode_cases(o.quick);
+  if (!o.kv_lens.empty()) {
+    const auto& l = o.kv_lens;
+    const bool uniform = std::all_of(l.begin(), l.end(), [&](int32_t x) { return x == l[0]; });
+    const int64_t total = std::accumulate(l.begin(), l.end(), int64_t(0));
+    all.push_back({"custom_h32-8",
+                   uniform ? std::to_string(l.size()) + " x " + std::to_string(l[0])
+                           : std::to_string(l.size()) + " custom (mean " + std::to_string(total / int64_t(l.size())) + ")",
+                   32, 8, l});
+  }
+  return kvattn_cli::pick_cases(std::move(all), o.cases, o.quick);
 }
 
 // --list: the cases' ids and sizes; no GPU needed.
@@ -315,6 +326,11 @@ void register_bench_command(CLI::App& app) {
   decode->add_flag("--list", o.list, "list the cases (id, shape, KV size) and run nothing; no GPU needed");
   decode->add_option("--cases", o.cases, "run only these case ids, comma-separated (see --list)")
       ->delimiter(',');
+  decode->add_option("--kv-lens", o.kv_lens,
+                     "add a case of these KV lengths, comma-separated (32/8 heads, page 16; id custom_h32-8: "
+                     "--cases custom_h32-8 runs it alone)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1 << 24));
   decode->add_option("--save-io", o.save_io,
                      "export each case's q, paged K/V cache, page table, out and lse (.npy) and "
                      "DIR/manifest.json for bench/run-peers; q and K/V then hold generated values")

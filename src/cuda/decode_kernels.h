@@ -54,8 +54,9 @@ struct DecodeKernelConfig {
 // group that does not divide.
 // Whether split rows are folded inside the decode kernel by the last CTA of each merge entry
 // (kernels/decode/split_fold.cuh) when KVATTN_DECODE_MERGE=fold, or by the separate merge kernel
-// (the default: the in-kernel fold measured slower on the H200 where an entry has many slots,
-// 1 x 32k: 99.7 against 57.8 us, docs/NOTES.md). Other values are errors.
+// (the default: the in-kernel fold measured within a few percent of it on the H200, slower on
+// single requests: 1 x 4096 -5%, 1 x 32k -1.5%; docs/PERFORMANCE.md, session 14). Other values
+// are errors.
 bool decode_folds_in_kernel();
 
 // skewed_batch (decode_batch_is_skewed): the bulk kernel takes 2 stages, three CTAs per SM, where

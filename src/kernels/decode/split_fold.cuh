@@ -3,13 +3,13 @@
 //   - merge_partials (the default): a kernel of its own after the decode kernel, the heads of a
 //     merge entry spread over CTAs and each head's slots over warps (common/merge_rows.cuh);
 //   - fold_split_if_last (KVATTN_DECODE_MERGE=fold): inside the decode kernel, by the last CTA to finish a
-//     (merge entry, head chunk). Every split CTA stores its partial state, fences, and counts
-//     itself on the entry's counter; the one that completes the count folds the slots, which are
-//     then in L2, and resets the counter for the next run. This saves the second launch, but
-//     measured slower on the H200 where an entry has many slots (1 x 32k, 32 slots: 99.7 against
-//     57.8 us) when the fold loaded one slot at a time: a chain of L2 round trips, and a
-//     128-thread decode CTA runs 4 outputs per thread where the 256-thread merge kernel runs 2.
-//     The fold uses fold_states (several slots' loads in flight); it stays an option.
+//     (merge entry, head chunk). Every split CTA stores its partial state and, after a CTA barrier,
+//     its thread 0 fences and counts the CTA on the entry's counter; the one that completes the
+//     count folds the slots, which are then in L2, and resets the counter for the next run. Each
+//     thread folds four elements of a row with 8 slots' loads in flight (fold_states4). On the
+//     H200 it measures within a few percent of the merge kernel (session 14: 1 x 32k -1.5%, 1 x
+//     4096 -5%, 16 x 4096 +2%, 1 x 32k + 63 x 512 +1%), so the merge kernel stays the default; the
+//     first fold, one element and one slot at a time in two passes, was 1.3-2x slower.
 #pragma once
 
 #include "kernels/common/fold_states.cuh"
@@ -21,23 +21,29 @@
 namespace kvattn::kernels::decode {
 
 // Folds the slots of merge entry `m` for the group heads [gh_begin, gh_end), threads tid, tid +
-// nthreads, ... over (head, dim), and writes the request's output row (and LSE).
+// nthreads, ... over (head, 4 dims), and writes the request's output row (and LSE).
 template <int ODT, int DVO, uint32_t FEATURES>
 __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int gh_begin, int gh_end, int tid,
                            int nthreads) {
+  static_assert(DVO % 4 == 0, "four elements per thread");
+  // Slots in flight: the fold's registers count for the whole decode kernel; at head dim 64 eight
+  // raised its kernels from 96 to 128 registers (their main loops need fewer than hd 128's).
+  constexpr int kFoldInFlight = DVO >= 128 ? 8 : 4;
   const int group = p.num_qo_heads / p.num_kv_heads;
   const bool softmax_on = BuiltinVariant<FEATURES>::use_softmax(p.variant);
-  for (int i = tid; i < (gh_end - gh_begin) * DVO; i += nthreads) {
-    const int gh = gh_begin + i / DVO, e = i % DVO;
-    const FoldedState f =
-        fold_states(p.partial_lse + int64_t(m.slot_begin) * group + gh, group,
-                    p.partial_o + (int64_t(m.slot_begin) * group + gh) * DVO + e, int64_t(group) * DVO,
-                    m.num_slots, softmax_on);
+  for (int i = tid; i < (gh_end - gh_begin) * (DVO / 4); i += nthreads) {
+    const int gh = gh_begin + i / (DVO / 4), e = 4 * (i % (DVO / 4));
+    const FoldedState4 f =
+        fold_states4<kFoldInFlight>(p.partial_lse + int64_t(m.slot_begin) * group + gh, group,
+                     p.partial_o + (int64_t(m.slot_begin) * group + gh) * DVO + e, int64_t(group) * DVO,
+                     m.num_slots, softmax_on);
     // A NaN state (a bad page id) makes the row NaN.
-    const float o = f.nan_state ? NAN : f.o, lse = f.nan_state ? NAN : f.lse;
+    const float o[4] = {f.o.x, f.o.y, f.o.z, f.o.w};
     const int qo_head = m.kv_head * group + gh;
-    store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
-    if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
+    const int64_t at = m.request * p.o_stride_n + qo_head * p.o_stride_h + e;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) store_from_f32<ODT>(p.o, at + j, f.nan_state ? NAN : o[j]);
+    if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = f.nan_state ? NAN : f.lse;
   }
 }
 
@@ -73,11 +79,11 @@ __device__ void merge_partials(const DecodeParams& p) {
 template <int ODT, int DVO, uint32_t FEATURES>
 __device__ void fold_split_if_last(const DecodeParams& p, const DeviceDecodeItem& item, int gh_begin, int gh_count) {
   if (item.partial_slot < 0 || p.merge_counters == nullptr) return;  // the same for the whole CTA
-  __threadfence();  // this thread's partial stores are visible GPU-wide before the CTA is counted
-  __syncthreads();
+  __syncthreads();  // every thread's partial stores come before thread 0's fence (which is cumulative)
   const int32_t entry = p.slot_merge[item.partial_slot];
   bool last = false;
   if (threadIdx.x == 0) {
+    __threadfence();  // the CTA's partial states are visible GPU-wide before the CTA is counted
     int32_t* counter = p.merge_counters + int64_t(entry) * gridDim.y + blockIdx.y;
     last = atomicAdd(counter, 1) == p.merges[entry].num_slots - 1;
     if (last) atomicExch(counter, 0);  // every CTA of this entry and chunk has counted: reset for the next run
