@@ -14,7 +14,9 @@ namespace kvattn::kernels {
 
 // Four consecutive elements of one output row, folded from n states: o (the first state's four
 // elements, 16-byte aligned) and o_stride in floats (a multiple of 4). Online over the slots in
-// slot order (a running maximum, rescaled when it moves, as the merge kernel's warps do), with
+// slot order (a running maximum, rescaled when it moves: the loop of merge_rows.cuh's
+// fold_row_across_warps for one float4 and contiguous slots; sharing one helper between them
+// changed the merge kernel's code and left it a spilled register at head dim 256), with
 // kInFlight slots' loads issued before any is used: an output element is then ceil(n / kInFlight)
 // L2 round trips, where a max pass and a sum pass over one element at a time (the first in-kernel
 // fold) made 1 x 2048 decode's fold about 16 round trips per thread (21 us against 13 with the
@@ -54,7 +56,8 @@ __device__ __forceinline__ FoldedState4 fold_states4(const float* lse, int64_t l
     }
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
-      // A state with lse = -inf (or NaN, or past n) adds nothing; its o is not used.
+      // A state with lse = -inf (or past n) adds nothing (the decode kernels write its o as 0); a
+      // NaN state adds NaN, and nan_state makes the row NaN anyway.
       float w;
       if (softmax_on)
         w = l[u] == -INFINITY || l[u] != l[u] ? 0.0f : exp2f(l[u] - run_max);
