@@ -12,6 +12,7 @@
 #include "kernels/prefill/smem_layout.cuh"
 #include "kernels/variants/params.cuh"
 #include "support/expect_error.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -127,6 +128,27 @@ TEST(PrefillConfig, NamesAreDistinct) {
   EXPECT_EQ(c.name(), "prefill_bf16_kve4m3_of32_hd192x128_g4_w8_k64_s2_paged16_f1_t5");
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
   EXPECT_EQ(d.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f0_t31");
+}
+
+// KVATTN_PREFILL_LAZY_LOG2 (an experiment knob) becomes a compile option, which is part of the
+// JIT key; unset, the kernels take none (the threshold's default, 8, is in score_math.cuh).
+TEST(PrefillConfig, LazyThresholdKnobIsACompileOption) {
+  auto c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 4096);
+  {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_LAZY_LOG2", nullptr);
+    EXPECT_TRUE(kvattn::cuda::prefill_spec(c, "sm_90a").options.empty());
+  }
+  {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_LAZY_LOG2", "2");
+    const auto spec = kvattn::cuda::prefill_spec(c, "sm_90a");
+    ASSERT_EQ(spec.options.size(), 1u);
+    EXPECT_EQ(spec.options[0], "-DKVATTN_PREFILL_LAZY_LOG2=2.0f");
+  }
+  for (const char* bad : {"0", "9", "2.5", "x"}) {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_LAZY_LOG2", bad);
+    EXPECT_KVATTN_ERROR(kvattn::cuda::prefill_spec(c, "sm_90a"),
+                        std::string("KVATTN_PREFILL_LAZY_LOG2 is 1 to 8, not '") + bad + "'");
+  }
 }
 
 // Device-resident page ids take the checking twin of a paged kernel (`_dids`): its own name (the

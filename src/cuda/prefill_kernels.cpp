@@ -199,6 +199,13 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
                 "  extern __shared__ __align__(16) char smem[];\n"
                 "  kvattn::kernels::prefill::run_one_item<kvattn::kernels::prefill::PrefillMmaKernel<" +
                 config + ">>(p, smem);\n}\n";
+  // Experiment knob: KVATTN_PREFILL_LAZY_LOG2=1..8, the lazy rescale's threshold (score_math.cuh;
+  // 8 when unset). A compile option, so the JIT key changes with it.
+  if (const char* v = detail::knob("KVATTN_PREFILL_LAZY_LOG2"); v && *v) {
+    const std::string t = v;
+    KVATTN_CHECK(t.size() == 1 && t[0] >= '1' && t[0] <= '8', "KVATTN_PREFILL_LAZY_LOG2 is 1 to 8, not '", t, "'");
+    spec.options.push_back("-DKVATTN_PREFILL_LAZY_LOG2=" + t + ".0f");
+  }
   return spec;
 }
 

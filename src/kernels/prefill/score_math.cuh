@@ -39,6 +39,14 @@ struct WarpRows {
   int32_t pos_first, pos_last;  // positions of its first and last real query
 };
 
+// The lazy rescale's threshold in log2 units; KVATTN_PREFILL_LAZY_LOG2=1..8 sets it for
+// experiments (cuda/prefill_kernels.cpp: a compile option). A lower one moves the reference
+// maximum more often, so fewer weights are rounded below their fresh-maximum values
+// (scripts/lazy-rescale-error; docs/NOTES.md, sessions 13-14).
+#ifndef KVATTN_PREFILL_LAZY_LOG2
+#define KVATTN_PREFILL_LAZY_LOG2 8.0f
+#endif
+
 template <class C>
 struct ScoreMath {
   static constexpr int MT = C::MT, kNT = C::KV_TILE / 8;
@@ -216,7 +224,7 @@ struct ScoreMath {
           // Lazy reference maximum: with a stale m, P = 2^(c s - c m) stays <= 2^kLazyLog2 (no f16
           // overflow, the same relative precision), so m (the reference of d and O, exact LSE)
           // moves only when the row grows by more than that, and O is rescaled less often.
-          constexpr float kLazyLog2 = 8.0f;
+          constexpr float kLazyLog2 = KVATTN_PREFILL_LAZY_LOG2;
           if (m[mt][r] != -INFINITY && (mx - m[mt][r]) * c <= kLazyLog2) mx = m[mt][r];
         }
         const float m_scaled = mx == -INFINITY ? 0.0f : mx * c;  // all masked so far: P = 0
