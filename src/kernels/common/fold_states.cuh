@@ -1,9 +1,10 @@
-// The merge of split-KV partial states for the decode kernels' in-kernel fold: n states (o_k,
-// lse_k), k = 0 .. n-1 in KV order, of four elements of one output row (SEMANTICS.md merge rule,
-// LSE in base 2; with softmax off, sigmoid attention, the plain sum of the o_k).
-// (decode/split_fold.cuh). A split row can have tens of slots (1 x 4096 decode on 264 workers: 64), and a loop that loads one slot at a time is a chain
-// of L2 round trips (measured on the H200: 1 x 4096 at 403 GB/s against cuDNN's 1,114, most of it
-// in the merge). The states were written by other CTAs: they are read through L2 (__ldcg).
+// The merge of split-KV partial states for the decode kernels' in-kernel fold
+// (decode/split_fold.cuh): n states (o_k, lse_k), k = 0 .. n-1 in KV order, of four elements of
+// one output row (SEMANTICS.md merge rule, LSE in base 2; with softmax off, sigmoid attention, the
+// plain sum of the o_k). A split row can have tens of slots (1 x 4096 decode on 264 workers: 64),
+// and a loop that loads one slot at a time is a chain of L2 round trips (measured on the H200:
+// 1 x 4096 at 403 GB/s against cuDNN's 1,114, most of it in the merge). The states were written by
+// other CTAs: they are read through L2 (__ldcg).
 #pragma once
 
 #include "kernels/common/host_device.cuh"
