@@ -284,6 +284,30 @@ TEST(GpuDecode, OnThePrefillKernels) {
 #endif
 }
 
+// The prefill kernels' decode shapes (KVATTN_PREFILL_DECODE_SHAPE: KV warps splitting each tile):
+// group sizes, page sizes, layouts and a split long request against float64.
+TEST(GpuDecode, OnThePrefillKernelsDecodeShapes) {
+  SKIP_WITHOUT_GPU();
+  ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
+  for (const char* shape : {"2x32s2", "4x16s2", "4x32s3"}) {
+    ScopedEnv decode_shape("KVATTN_PREFILL_DECODE_SHAPE", shape);
+    SCOPED_TRACE(shape);
+    for (int group : {1, 4, 8})
+      for (int ps : {1, 16}) {
+        KVATTN_CASE_RNG(rng);
+        AttnCase c = gpu_case(DType::bf16, DType::bf16);
+        c.lens = lens_of(rng, 5, 0, 700);
+        c.lens.push_back({1, 5000});
+        c.num_kv_heads = 2;
+        c.num_qo_heads = 2 * group;
+        c.head_dim_qk = 128;
+        c.page_size = ps;
+        c.layout = ps == 1 ? KVLayout::HND : KVLayout::NHD;
+        run_gpu_decode_case(c, rng);
+      }
+  }
+}
+
 TEST(GpuDecode, SplitKVMatchesAcrossSchedules) {
   SKIP_WITHOUT_GPU();
   // The same batch planned with many small chunks, with no splitting, and with few workers.

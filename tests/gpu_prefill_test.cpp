@@ -14,6 +14,8 @@
 #include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
+#include "support/scoped_env.h"
+#include "cuda/prefill_kernels.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -185,6 +187,43 @@ TEST(GpuPrefill, Variants) {
         SCOPED_TRACE(v.describe());
         run_prefill_case(c, rng);
       }
+}
+
+// The decode shape (one M-row warp, KV_WARPS warps splitting each KV tile, their states merged in
+// shared memory): decode-like appends of 1-4 queries, every variant family, fp8 KV, page sizes
+// 1, 5, 16, and lengths that end inside a KV warp's part of the last tile (or before it).
+TEST(GpuPrefill, DecodeShapes) {
+  SKIP_WITHOUT_GPU();
+  const kvattn::Variant variants[] = {
+      kvattn::variants::causal(),
+      kvattn::variants::sliding_window(40),
+      kvattn::variants::soft_cap(5.0f),
+      kvattn::variants::alibi(),
+      kvattn::variants::causal().with_custom_mask(),
+      kvattn::variants::sigmoid(-1.0f),
+      kvattn::variants::causal().with_rope(),
+  };
+  for (const char* shape : {"2x32s2", "4x16s2", "4x32s3", "4x16s4"}) {
+    ScopedEnv force("KVATTN_PREFILL_DECODE_SHAPE", shape);
+    SCOPED_TRACE(shape);
+    const auto cfg = kvattn::cuda::choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 4, true, 5, 0, 4);
+    ASSERT_EQ(cfg.kv_warps, shape[0] - '0');  // the knob reaches the config run() uses
+    for (int i = 0; i < int(std::size(variants)); ++i) {
+      const kvattn::Variant& v = variants[i];
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::f16, i % 2 ? DType::e4m3 : DType::f16);
+      c.lens = {{1, 1}, {4, 17}, {2, 63}, {1, 0}, {3, 577}, {1, rng.integer(1000, 3000)}};
+      c.variant = v;
+      c.store = kStores[i % 3];
+      c.page_size = i % 3 == 0 ? 16 : i % 3 == 1 ? 5 : 1;
+      if (v.rope) {  // as in Variants
+        c.tolerance.accumulation = 0x1p-6;
+        c.tolerance.lse_abs = 4e-3;
+      }
+      SCOPED_TRACE(v.describe());
+      run_prefill_case(c, rng);
+    }
+  }
 }
 
 // Soft-cap as models use it (Grok-1: cap 30 at head dim 128; Gemma 2: cap 50 at head dim 256),

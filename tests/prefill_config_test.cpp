@@ -35,11 +35,24 @@ TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   auto short_run = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, 0, 40);
   EXPECT_EQ(short_run.m_tiles, 1);
   EXPECT_EQ(short_run.warps, 4);
-  // One query token per request (decode-like appends): one warp holds the group's 8 rows.
+  // One query token per request (decode-like appends): one warp holds the group's 8 rows, and the
+  // decode shape's four KV warps split each 64-token tile (16 tokens each), 3 CTAs per SM, with
+  // all five tuning bits.
   auto d = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 8, true, 16, 0, 1);
   EXPECT_EQ(d.warps, 1);
-  EXPECT_EQ(d.kv_tile, 32);  // one warp fetches at most 32 page ids per tile
+  EXPECT_EQ(d.kv_warps, 4);
+  EXPECT_EQ(d.kv_tile, 64);
+  EXPECT_EQ(d.stages, 2);
+  EXPECT_EQ(d.min_blocks, 3);
+  EXPECT_EQ(d.tuning, 31u);
+  EXPECT_LE(3 * (prefill_smem_bytes(d) + 1024), 228 * 1024);
   EXPECT_EQ(d.query_tokens(), 2);
+  // Head dim 256: 3 CTAs' stages do not fit, so the launch bound asks for what does (1).
+  auto wide = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 4, true, 16, 0, 1);
+  EXPECT_EQ(wide.kv_warps, 4);
+  EXPECT_EQ(wide.min_blocks, 1);
+  // fp8 KV: no swizzle (its tiles are converted), the other bits stay.
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, true, 16, 0, 1).tuning, 29u);
   EXPECT_EQ(choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 1, false, 0, 0, 20).warps, 2);
   EXPECT_EQ(choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 7, false, 0, 0, 1000).query_tokens(), 18);
 }
@@ -148,6 +161,51 @@ TEST(PrefillConfig, LazyThresholdKnobIsACompileOption) {
     kvattn_test::ScopedEnv env("KVATTN_PREFILL_LAZY_LOG2", bad);
     EXPECT_KVATTN_ERROR(kvattn::cuda::prefill_spec(c, "sm_90a"),
                         std::string("KVATTN_PREFILL_LAZY_LOG2 is 1 to 8, not '") + bad + "'");
+  }
+}
+
+// One M-row warp (decode: one query and the group) takes the decode shape: KVATTN_PREFILL_DECODE_SHAPE
+// sets its KV warps, tokens per warp and stages; its name and template arguments say so, and its
+// shared memory holds the KV warps' merge. Longer runs never take KV warps.
+TEST(PrefillConfig, DecodeShapeKnob) {
+  auto decode = [] { return choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 1); };
+  {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "4x16s3");
+    const auto c = decode();
+    EXPECT_EQ(c.warps, 1);
+    EXPECT_EQ(c.kv_warps, 4);
+    EXPECT_EQ(c.kv_tile, 64);
+    EXPECT_EQ(c.stages, 3);
+    EXPECT_EQ(c.threads(), 128);
+    EXPECT_NE(c.name().find("_w1_kw4_k64_s3"), std::string::npos) << c.name();
+    const auto spec = kvattn::cuda::prefill_spec(c, "sm_90a");
+    EXPECT_NE(spec.source.find("u, 4>"), std::string::npos) << spec.source;  // KV_WARPS after the tuning bits
+    EXPECT_NE(spec.source.find("__launch_bounds__(128"), std::string::npos);
+    // The merge of 3 warps' states (16 rows x (64 O + 4) floats per lane) fits in the stages.
+    EXPECT_GE(prefill_smem_bytes(c), kvattn::kernels::prefill::kv_warp_merge_bytes(128, 16, 4));
+    // Not for runs that need several M-row warps.
+    const auto append = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 32);
+    EXPECT_EQ(append.kv_warps, 1);
+    EXPECT_EQ(append.name().find("_kw"), std::string::npos);
+  }
+  {
+    // A 64-token-per-warp shape whose stages do not fit a small device shrinks its tile and stages.
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "2x64s4");
+    const auto c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 4, true, 16, 0, 1, 99 * 1024);
+    EXPECT_EQ(c.kv_warps, 2);
+    EXPECT_LE(prefill_smem_bytes(c), 99 * 1024);
+    EXPECT_EQ(c.kv_tile % (16 * c.kv_warps), 0);
+  }
+  {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "4x16s2b3");
+    EXPECT_EQ(decode().min_blocks, 3);
+    EXPECT_NE(decode().name().find("_s2_b3"), std::string::npos) << decode().name();
+  }
+  for (const char* bad : {"3x16s2", "4x16", "4x8s2", "4x16s5", "4x64s2", "4x16s2x", "4x16s2b", "4x16s2b9", "x"}) {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", bad);
+    EXPECT_KVATTN_ERROR(decode(), std::string("KVATTN_PREFILL_DECODE_SHAPE is <kv_warps 1|2|4>x<tokens 16|32|64>s<stages "
+                                              "2-4>[b<CTAs per SM 1-8>] with at most 128 tokens per tile (e.g. 4x16s2), "
+                                              "not '") + bad + "'");
   }
 }
 
@@ -264,7 +322,9 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), lazy_unrolled);  // fp8 is converted in smem
   EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), lazy_unrolled);    // RoPE rotates K in place
   EXPECT_EQ(tuning(160, 160, DType::bf16, 0), lazy_unrolled);        // rows of 2.5 lines
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 1), 0u);           // short shapes: untuned
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 40), 0u);          // short shapes of several warps: untuned
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 1), all5);          // the decode shape: all five
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kRope, 1), all5 & ~uint32_t(kTuneSwizzleKV));
   // The swizzled layout drops the K/V row padding.
   auto hd256 = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, 0, 16384);
   auto plain = hd256;

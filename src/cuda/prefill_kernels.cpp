@@ -2,7 +2,9 @@
 #include "core/env_knobs.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "kernels/prefill/smem_layout.cuh"
 #include "kernels/variants/params.cuh"
@@ -22,6 +24,7 @@ std::string PrefillKernelConfig::name() const {
   add("_g", std::to_string(heads_per_cta));
   add("_w", std::to_string(warps));
   if (m_tiles > 1) add("x", std::to_string(m_tiles));
+  if (kv_warps > 1) add("_kw", std::to_string(kv_warps));
   add("_k", std::to_string(kv_tile));
   add("_s", std::to_string(stages));
   if (min_blocks > 1) add("_b", std::to_string(min_blocks));
@@ -46,17 +49,45 @@ std::string prefill_variant_for() {
   return "m2k64";
 }
 
+namespace {
+// KVATTN_PREFILL_TUNING=<0-255> when set (an experiment knob).
+std::optional<uint32_t> tuning_knob() {
+  using namespace kernels::prefill;
+  const char* env = detail::knob("KVATTN_PREFILL_TUNING");
+  if (!env || !*env) return std::nullopt;
+  const std::string v = env;
+  const bool digits = v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
+  const int bits = digits ? std::stoi(v) : -1;
+  KVATTN_CHECK(bits >= 0 && bits <= int(kTuneAll), "KVATTN_PREFILL_TUNING is a number 0-", int(kTuneAll), ", not '", v,
+               "'");
+  return uint32_t(bits);
+}
+}  // namespace
+
+PrefillDecodeShape prefill_decode_shape() {
+  // Four KV warps of 16 tokens, 2 stages, 3 CTAs per SM: measured fastest of eight shapes for GQA
+  // decode (H200, bf16, hd 128, group 4, page 16; session 15, call 1, PERFORMANCE.md): 64 x 4096
+  // 4,192-4,196 GB/s, 64 Zipf lengths 98% of that; the one-warp shape before it 3,985 and 85%.
+  PrefillDecodeShape s{4, 16, 2, 3};
+  const char* env = detail::knob("KVATTN_PREFILL_DECODE_SHAPE");
+  if (!env || !*env) return s;
+  const std::string v = env;
+  int used = 0, used_b = 0;
+  bool parsed = std::sscanf(v.c_str(), "%dx%ds%d%n", &s.kv_warps, &s.warp_tokens, &s.stages, &used) == 3;
+  if (parsed && size_t(used) < v.size())  // "b<ctas>", and nothing after it
+    parsed = std::sscanf(v.c_str() + used, "b%d%n", &s.min_blocks, &used_b) == 1 && size_t(used + used_b) == v.size();
+  const bool valid = parsed && (s.kv_warps == 1 || s.kv_warps == 2 || s.kv_warps == 4) &&
+                     (s.warp_tokens == 16 || s.warp_tokens == 32 || s.warp_tokens == 64) && s.stages >= 2 &&
+                     s.stages <= 4 && s.kv_warps * s.warp_tokens <= 128 && s.min_blocks >= 1 && s.min_blocks <= 8;
+  KVATTN_CHECK(valid, "KVATTN_PREFILL_DECODE_SHAPE is <kv_warps 1|2|4>x<tokens 16|32|64>s<stages 2-4>[b<CTAs per SM "
+               "1-8>] with at most 128 tokens per tile (e.g. 4x16s2), not '", v, "'");
+  return s;
+}
+
 uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, int heads_per_cta, bool paged,
                             bool fast_tanh) {
   using namespace kernels::prefill;
-  if (const char* env = detail::knob("KVATTN_PREFILL_TUNING"); env && *env) {
-    const std::string v = env;
-    const bool digits = v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
-    const int bits = digits ? std::stoi(v) : -1;
-    KVATTN_CHECK(bits >= 0 && bits <= int(kTuneAll), "KVATTN_PREFILL_TUNING is a number 0-", int(kTuneAll), ", not '", v,
-                 "'");
-    return uint32_t(bits);
-  }
+  if (const auto bits = tuning_knob()) return *bits;
   // Measured on generated values (H200, sessions 10 and 11, PERFORMANCE.md; 1 x 16k causal unless
   // said): the lazy rescale is never slower; hd 64 unrolled +1%; hd 256 unrolled and swizzled +9%
   // (P packed early -1%); hd 128 one head per CTA swizzled, unrolled and P packed early +6%
@@ -160,6 +191,38 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   while (c.warps * 16 < c.heads_per_cta) c.warps *= 2;  // the M tile holds at least one token
   c.kv_tile = wide || c.warps == 1 ? 32 : 64;
   c.stages = 2;
+  if (c.warps == 1) {
+    const PrefillDecodeShape d = prefill_decode_shape();
+    c.kv_warps = d.kv_warps;
+    c.kv_tile = d.kv_warps * d.warp_tokens;
+    c.stages = d.stages;
+    // All five code-generation bits (session 15, call 1: 4x16s2b3 64 x 4096 4,192 GB/s with them,
+    // 3,990 without).
+    using namespace kernels::prefill;
+    c.tuning = tuning_knob().value_or(uint32_t(kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP |
+                                               kTuneLeanCopies));
+    if (!swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
+      c.tuning &= ~uint32_t(kTuneSwizzleKV);
+    // Too big for the device's per-block limit: fewer stages, then fewer tokens per warp, then
+    // fewer KV warps (down to one warp of 16 tokens).
+    while (prefill_smem_bytes(c) > max_smem_per_block) {
+      if (c.stages > 2) {
+        --c.stages;
+      } else if (c.kv_tile > 16 * c.kv_warps) {
+        c.kv_tile /= 2;
+      } else if (c.kv_warps > 1) {
+        c.kv_warps /= 2;
+        c.kv_tile /= 2;
+      } else {
+        break;
+      }
+    }
+    // No more CTAs per SM in __launch_bounds__ than shared memory lets run (228 KB, 1 KB reserved
+    // per CTA, on the H200): the bound only caps registers.
+    c.min_blocks = d.min_blocks;
+    while (c.min_blocks > 1 && int64_t(c.min_blocks) * (prefill_smem_bytes(c) + 1024) > 228 * 1024) --c.min_blocks;
+    return c;
+  }
   while (prefill_smem_bytes(c) > max_smem_per_block && c.kv_tile > 32) c.kv_tile /= 2;
   return c;
 }
@@ -170,7 +233,7 @@ int prefill_smem_bytes(const PrefillKernelConfig& c) {
   const bool swizzled = kernels::prefill::swizzles_kv((c.tuning & kernels::prefill::kTuneSwizzleKV) != 0,
                                                       c.head_dim_qk, c.head_dim_vo, kv_bytes, rope);
   return kernels::prefill::smem_layout(c.head_dim_qk, c.head_dim_vo, kv_bytes, c.rows(), c.kv_tile, c.stages,
-                                       c.paged, rope, swizzled)
+                                       c.paged, rope, swizzled, c.kv_warps)
       .total;
 }
 
@@ -191,7 +254,8 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
                              std::to_string(c.stages) + ", " + (c.paged ? "true" : "false") + ", " +
                              std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
                              (c.fast_tanh ? "true" : "false") + ", " + (c.paged && c.checked_ids ? "true" : "false") +
-                             ", " + std::to_string(c.tuning) + "u>";
+                             ", " + std::to_string(c.tuning) + "u" +
+                             (c.kv_warps > 1 ? ", " + std::to_string(c.kv_warps) : std::string()) + ">";
   spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
                 std::to_string(c.min_blocks) + ") " + spec.entry +

@@ -19,7 +19,8 @@ struct PrefillKernelConfig {
   int heads_per_cta = 1;  // query heads of one KV head's group packed into the M tile (blockIdx.y: the rest)
   int warps = 4;
   int m_tiles = 1;        // 16-row MMA tiles per warp: M = 16 x m_tiles x warps
-  int kv_tile = 64;       // KV tokens per pipeline stage
+  int kv_warps = 1;       // warps splitting each KV tile for the same M rows (the decode shape)
+  int kv_tile = 64;       // KV tokens per pipeline stage (kv_tile / kv_warps per warp)
   int stages = 2;
   int min_blocks = 1;     // __launch_bounds__ minimum CTAs per SM (caps registers per thread)
   bool paged = false;
@@ -34,7 +35,7 @@ struct PrefillKernelConfig {
   // unrolled Q K^T) that change speed, not results beyond rounding.
   uint32_t tuning = 0;
 
-  int threads() const { return warps * 32; }
+  int threads() const { return warps * kv_warps * 32; }
   int rows() const { return warps * 16 * m_tiles; }
   // Query tokens per work item (the planner's TileShape::query_tokens).
   int query_tokens() const { return rows() / heads_per_cta; }
@@ -83,11 +84,22 @@ uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo,
 //    opt-in limit per block; the default is the H200's);
 //  - otherwise one 16-row tile per warp, the fewest warps that hold the rows, at most 8 (4 for
 //    head dims above 128), KV tiles of 64 tokens (32 for head dims above 128 or a single warp, or
-//    when 64 exceeds max_smem_per_block), 2 stages.
+//    when 64 exceeds max_smem_per_block), 2 stages;
+//  - where one warp holds the rows (decode: one query token and the group), the decode shape
+//    (prefill_decode_shape): kv_warps warps split each KV tile.
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,
                                           int group_size, bool paged, int page_size, uint32_t features,
                                           int64_t max_qo_len, int64_t max_smem_per_block = 227 * 1024);
+
+// The decode shape: KV warps, tokens per warp, stages and CTAs per SM (__launch_bounds__'s minimum)
+// of a one-M-warp kernel. Selected by the environment variable
+// KVATTN_PREFILL_DECODE_SHAPE="<kv_warps>x<tokens>s<stages>[b<ctas>]" (kv_warps 1, 2 or 4; tokens
+// 16, 32 or 64; stages 2-4; CTAs 1-8; read at every plan; malformed values are errors).
+struct PrefillDecodeShape {
+  int kv_warps, warp_tokens, stages, min_blocks;
+};
+PrefillDecodeShape prefill_decode_shape();
 
 int prefill_smem_bytes(const PrefillKernelConfig& c);
 KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch);

@@ -12,6 +12,10 @@
 // groups (Q K^T of a tile waits for its K only); page ids are fetched a tile ahead of the data.
 // A warp skips tiles its causal / window mask hides entirely. The item writes o (and lse, base 2)
 // or, for a split row, its partial state.
+//
+// The decode shape (KV_WARPS > 1; one query token, the group in the M tile) has KV_WARPS warps
+// per M-row warp, each taking its kWarpKV tokens of every stage, so a CTA streams KV_WARPS times
+// the bytes per tile that one warp could; their states are merged in shared memory at the end.
 #pragma once
 
 #include "kernels/prefill/score_math.cuh"
@@ -22,7 +26,7 @@ template <class C>
 struct PrefillMmaKernel {
   using IO = TileIO<C>;
   using SM = ScoreMath<C>;
-  static constexpr int MT = C::MT, kNT = C::KV_TILE / 8, kND = C::DVO / 8;
+  static constexpr int MT = C::MT, kNT = C::kWarpKV / 8, kND = C::DVO / 8;
   // Accumulator n-tiles: O's, then (kRowSumMMA) one whose every column is the row sum d.
   static constexpr int kNAcc = kND + (C::kRowSumMMA ? 1 : 0);
   static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
@@ -55,7 +59,10 @@ struct PrefillMmaKernel {
   }
 
   static __device__ void run_item(const PrefillParams& p, char* smem, const DeviceWorkItem& item) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // Written so that kernels without KV warps keep their code (no kv_warp terms at all).
+    const int warp = C::KV_WARPS > 1 ? threadIdx.x / 32 % C::WARPS : threadIdx.x / 32;
+    const int kv_warp = C::KV_WARPS > 1 ? threadIdx.x / 32 / C::WARPS : 0;
+    const int lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;  // fragment row and column pair
     const ItemInfo it = item_info(p, item);
     const int32_t n_tiles = (it.kv_end - it.kv_begin + C::KV_TILE - 1) / C::KV_TILE;
@@ -127,15 +134,22 @@ struct PrefillMmaKernel {
       if constexpr (C::PAGED)
         if (tile + C::STAGES < n_tiles) next_id = IO::fetch_page_id(p, it, tile_start(tile + C::STAGES), bad_page);
 
-      const int32_t tile0 = tile_start(tile);
+      // This warp's tokens: the whole tile, or its KV warp's part (kept in this order: the same
+      // statements in another order changed the other kernels' machine code).
+      const int32_t tile0 = tile_start(tile) + kv_warp * C::kWarpKV;
       const char* ks_base = stage_ptr(tile);
       if constexpr (C::kTransform) {
-        ks_base = IO::transform(stage_ptr(tile), convert, tile0, freq);
+        ks_base = IO::transform(stage_ptr(tile), convert, C::KV_WARPS > 1 ? tile_start(tile) : tile0, freq);
         __syncthreads();
       }
       const char* vs_base = ks_base + C::KV_TILE * C::kPitchK;
-      const int32_t tile_last = tile0 + C::KV_TILE - 1;
+      if constexpr (C::KV_WARPS > 1) {
+        vs_base += kv_warp * C::kWarpKV * C::kPitchV;
+        ks_base += kv_warp * C::kWarpKV * C::kPitchK;
+      }
+      const int32_t tile_last = tile0 + C::kWarpKV - 1;
       bool skip = !warp_active;  // tiles this warp's mask hides entirely
+      if (C::KV_WARPS > 1) skip = skip || tile0 >= it.kv_end;  // the item's last tile can end before a KV warp's part
       if (C::FEATURES & kCausal) skip = skip || tile0 > pos_last;
       if (C::FEATURES & kSlidingWindow) skip = skip || tile_last < pos_first - p.variant.window_left;
       // Masks only where they can cut: the item's tail, the causal diagonal, the window's edge.
@@ -165,10 +179,65 @@ struct PrefillMmaKernel {
       poisoned = __syncthreads_or(bad_page);
       if (poisoned) IO::report_first_bad_page(p, it);
     }
+    if constexpr (C::KV_WARPS > 1) {
+      merge_kv_warps(stages, m, d, acc, warp, kv_warp, lane, c_exp);
+      if (kv_warp != 0) return;
+    }
     store(p, it, item, m, d, acc, row0, g, t4, c_exp, poisoned);
   }
 
-  // S = Q K^T for the warp's MT x 16 rows and the tile's KV_TILE tokens.
+  // The decode shape's end: KV warps 1.. hand their states (m, the lane's partial d, O fragments)
+  // to KV warp 0 of the same rows through shared memory (the stages: every copy has landed), which
+  // folds them into its own (SEMANTICS.md merge rule; sigmoid attention: a plain sum). Each lane
+  // keeps its fragment positions, so the exchange is lane-major and conflict-free.
+  static __device__ __forceinline__ void merge_kv_warps(char* stages, float (&m)[MT][2], float (&d)[MT][2],
+                                                        float (&acc)[MT][kNAcc][4], int warp, int kv_warp, int lane,
+                                                        float c) {
+    constexpr int kFloats = MT * (kNAcc * 4 + 4);  // one lane's state
+    float* base = reinterpret_cast<float*>(stages);
+    auto slot = [&](int kw, int i) { return base + ((kw - 1) * C::WARPS + warp) * kFloats * 32 + i * 32 + lane; };
+    __syncthreads();  // every warp is done reading the stages
+    if (kv_warp != 0) {
+      int i = 0;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) *slot(kv_warp, i++) = m[mt][r], *slot(kv_warp, i++) = d[mt][r];
+#pragma unroll
+        for (int n = 0; n < kNAcc; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) *slot(kv_warp, i++) = acc[mt][n][j];
+      }
+    }
+    __syncthreads();
+    if (kv_warp != 0) return;
+    for (int kw = 1; kw < C::KV_WARPS; ++kw) {
+      int i = 0;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        float own[2], other[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float mo = *slot(kw, i++), dd = *slot(kw, i++);
+          own[r] = other[r] = 1.0f;
+          if constexpr (SM::kSoftmax) {
+            // Both scaled to the larger maximum; a side that saw only masked keys weighs 0.
+            const float mx = fmaxf(m[mt][r], mo);
+            own[r] = m[mt][r] == -INFINITY ? 0.0f : fast_exp2((m[mt][r] - mx) * c);
+            other[r] = mo == -INFINITY ? 0.0f : fast_exp2((mo - mx) * c);
+            m[mt][r] = mx;
+            d[mt][r] = d[mt][r] * own[r] + dd * other[r];
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < kNAcc; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[mt][n][j] = acc[mt][n][j] * own[j / 2] + *slot(kw, i++) * other[j / 2];
+      }
+    }
+  }
+
+  // S = Q K^T for the warp's MT x 16 rows and its kWarpKV tokens of the tile.
   static __device__ __forceinline__ void compute_scores(float (&s)[MT][kNT][4], const QFrag& qfrag, const char* q_warp,
                                                         const char* ks_base, int lane) {
 #pragma unroll
@@ -205,7 +274,7 @@ struct PrefillMmaKernel {
       // differently compiled to other SASS and cost hd 128 7.5% (NOTES.md, session 10).
       const char* k_step = k_row_base + (k_swz ^ (ks * 32));
 #pragma unroll
-      for (int j = 0; j < C::KV_TILE / 16; ++j) {
+      for (int j = 0; j < C::kWarpKV / 16; ++j) {
         uint32_t b[4];
         if constexpr (C::kSwizzleKV)
           ldmatrix_x4(b, k_step + j * 16 * C::kPitchK);
@@ -252,7 +321,7 @@ struct PrefillMmaKernel {
       for (int dn = 0; dn < C::DVO / 16; ++dn) {
         const uint32_t vd = v0 + (C::kSwizzleKV ? uint32_t(v_swz ^ (dn * 32)) : uint32_t(v_col * 2 + dn * 32));
 #pragma unroll
-        for (int kk = 0; kk < C::KV_TILE / 16; ++kk) {
+        for (int kk = 0; kk < C::kWarpKV / 16; ++kk) {
           uint32_t b[4];
           ldmatrix_x4_trans_at(b, vd + kk * 16 * C::kPitchV);
 #pragma unroll
@@ -265,7 +334,7 @@ struct PrefillMmaKernel {
       }
       if constexpr (C::kRowSumMMA)
 #pragma unroll
-        for (int kk = 0; kk < C::KV_TILE / 16; ++kk)
+        for (int kk = 0; kk < C::kWarpKV / 16; ++kk)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             const uint32_t pa[4] = {pp[mt][2 * kk][0], pp[mt][2 * kk][1], pp[mt][2 * kk + 1][0], pp[mt][2 * kk + 1][1]};
@@ -274,7 +343,7 @@ struct PrefillMmaKernel {
       return;
     }
 #pragma unroll
-    for (int kk = 0; kk < C::KV_TILE / 16; ++kk) {
+    for (int kk = 0; kk < C::kWarpKV / 16; ++kk) {
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {

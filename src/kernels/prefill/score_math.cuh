@@ -49,7 +49,7 @@ struct WarpRows {
 
 template <class C>
 struct ScoreMath {
-  static constexpr int MT = C::MT, kNT = C::KV_TILE / 8;
+  static constexpr int MT = C::MT, kNT = C::kWarpKV / 8;
   static constexpr float kLog2e = 1.4426950408889634f;
   static constexpr bool kSoftmax = (C::FEATURES & kSigmoid) == 0;
   // Variants whose logits change on every tile; the others need only the mask.

@@ -7,6 +7,9 @@
 //   [ fused RoPE only: DQK/2 f32 frequencies                              ]
 //   [ paged KV only: (STAGES + 1) x KV_TILE K and V row offsets, 2 x 8 bytes (a ring, one tile ahead) ]
 //
+// With KV warps (the decode shape), the warps' final states are merged through the stages, after
+// the last tile: KV_WARPS - 1 states of M rows (O, m, d in f32); the total grows if they need more.
+//
 // Every row pitch is an odd number of 16-byte chunks, so the 8 rows one ldmatrix phase reads fall
 // in 8 different 16-byte bank groups (no conflicts) and cp.async destinations stay 16-byte aligned;
 // except K/V rows with the swizzle tuning (kTuneSwizzleKV): unpadded, chunk c of row r stored at
@@ -61,6 +64,12 @@ constexpr bool swizzles_kv(bool tuned, int dqk, int dvo, int kv_bytes, bool rope
 }
 constexpr int kv_pitch_bytes(int row_bytes, bool swizzled) { return swizzled ? row_bytes : pitch_bytes(row_bytes); }
 
+// Bytes of the states the KV warps other than the first hand over: per warp and 16-row MMA tile, a
+// thread's O fragments (DVO / 2 floats), m and d (2 each), stored lane-major (conflict-free).
+constexpr int kv_warp_merge_bytes(int dvo, int rows, int kv_warps) {
+  return (kv_warps - 1) * (rows / 16) * 32 * (dvo / 2 + 4) * 4;
+}
+
 struct SmemLayout {
   int q = 0, stages = 0, convert = 0, freq = 0, ring = 0, total = 0;
   int stage_bytes = 0;
@@ -68,7 +77,7 @@ struct SmemLayout {
 
 // rows: the M tile; kv_bytes: bytes of the KV storage type (2, or 1 for fp8; the MMA type has 2).
 constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int rows, int kv_tile,
-                                 int stages, bool paged, bool rope, bool swizzled_kv = false) {
+                                 int stages, bool paged, bool rope, bool swizzled_kv = false, int kv_warps = 1) {
   SmemLayout l;
   l.q = 0;
   l.stages = rows * pitch_bytes(dqk * 2);
@@ -77,6 +86,8 @@ constexpr SmemLayout smem_layout(int dqk, int dvo, int kv_bytes, int rows, int k
   l.freq = l.convert + (kv_bytes != 2 ? kv_tile * (pitch_bytes(dqk * 2) + pitch_bytes(dvo * 2)) : 0);
   l.ring = l.freq + (rope ? (dqk / 2) * 4 : 0);
   l.total = l.ring + (paged ? (stages + 1) * kv_tile * 16 : 0);
+  const int merge_end = l.stages + kv_warp_merge_bytes(dvo, rows, kv_warps);
+  if (merge_end > l.total) l.total = merge_end;
   return l;
 }
 

@@ -16,13 +16,16 @@ namespace kvattn::kernels::prefill {
 // fragment read from shared memory feeds MT MMAs); PAGE: baked page size, 0 = read at run time;
 // FAST_TANH: soft-cap through tanh.approx.f32 instead of 1 - 2 / (1 + 2^(2x log2 e)).
 // CHECK_IDS: paged ids from a device-resident table, checked here (host ids were checked on the host).
-// TUNING: PrefillTuning bits (smem_layout.cuh).
+// TUNING: PrefillTuning bits (smem_layout.cuh). KV_WARPS: warps that split each KV tile (the
+// decode shape: every such warp takes KV_TILE / KV_WARPS tokens of a stage for the same M rows,
+// and the warps' states are merged in shared memory at the end); the CTA has WARPS x KV_WARPS.
 template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int MT_, int KV_TILE_,
           int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_, bool CHECK_IDS_ = false,
-          uint32_t TUNING_ = 0>
+          uint32_t TUNING_ = 0, int KV_WARPS_ = 1>
 struct PrefillConfig {
   static constexpr int DT = DT_, KVDT = KVDT_, ODT = ODT_, DQK = DQK_, DVO = DVO_, GH = GH_;
   static constexpr int WARPS = WARPS_, MT = MT_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
+  static constexpr int KV_WARPS = KV_WARPS_, kWarpKV = KV_TILE_ / KV_WARPS_;  // kWarpKV: one warp's tokens
   static constexpr bool PAGED = PAGED_, FAST_TANH = FAST_TANH_, CHECK_IDS = PAGED_ && CHECK_IDS_;
   static constexpr uint32_t FEATURES = FEATURES_;
   static_assert(DT == kF16 || DT == kBF16, "the tensor-core prefill computes in f16 or bf16");
@@ -31,9 +34,10 @@ struct PrefillConfig {
   static_assert(KV_TILE % 16 == 0 && STAGES >= 2 && (MT == 1 || MT == 2) && GH >= 1 && GH <= WARPS * 16 * MT,
                 "tile shape");
   static_assert(FEATURES != kDynamicFeatures, "the JIT bakes the variant's features in");
-  static_assert(!PAGED || WARPS * 32 >= KV_TILE, "one thread per token fetches a tile's page ids");
+  static_assert(KV_WARPS >= 1 && KV_TILE % (16 * KV_WARPS) == 0, "each KV warp takes a multiple of 16 tokens");
+  static_assert(!PAGED || WARPS * KV_WARPS * 32 >= KV_TILE, "one thread per token fetches a tile's page ids");
 
-  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kThreads = WARPS * KV_WARPS * 32;
   static constexpr int kM = WARPS * 16 * MT;
   static constexpr int kKVBytes = DTypeInfo<KVDT>::bytes;
   static constexpr bool kConvert = KVDT != DT;
@@ -57,7 +61,7 @@ struct PrefillConfig {
   static __device__ __forceinline__ int kv_chunk(int r, int c) { return (kSwizzleKV ? c ^ (r & 7) : c) * 16; }
   static constexpr int kRawChunksK = DQK * kKVBytes / 16, kRawChunksV = DVO * kKVBytes / 16;
   static constexpr SmemLayout kLayout =
-      smem_layout(DQK, DVO, kKVBytes, kM, KV_TILE, STAGES, PAGED, kHasRope, kSwizzleKV);
+      smem_layout(DQK, DVO, kKVBytes, kM, KV_TILE, STAGES, PAGED, kHasRope, kSwizzleKV, KV_WARPS);
   static constexpr int kSmemBytes = kLayout.total;
 };
 
