@@ -240,10 +240,25 @@ TEST(DecodeConfig, SkewedBatchesTakeTwoBulkStages) {
   EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true).stages, 4);
 }
 
+// KVATTN_DECODE_KERNEL=decode keeps the decode kernels' own choice (TMA boxes on sm_90 at page 16).
+TEST(DecodeConfig, DecodeOverrideIsTheDefaultChoice) {
+  std::string unset, decode;
+  {
+    DecodeKernelEnv env(nullptr);
+    unset = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).name();
+  }
+  {
+    DecodeKernelEnv env("decode");
+    decode = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).name();
+  }
+  EXPECT_EQ(decode, unset);
+  EXPECT_NE(decode.find("_tma"), std::string::npos) << decode;
+}
+
 TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
   DecodeKernelEnv env("fast");
   EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not 'fast'");
+                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not 'fast'");
 }
 
 // Split rows fold in the separate merge kernel unless KVATTN_DECODE_MERGE=fold asks for the
@@ -268,8 +283,30 @@ TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
     EXPECT_FALSE(route(bf, bf, 128, 128, 1, 0, false, kA100));  // MHA
     EXPECT_FALSE(route(bf, bf, 128, 128, 2, 0, false, kA100));
     EXPECT_FALSE(route(bf, bf, 128, 128, 64, 0, false, kAda));  // wide groups: not measured
-    // The bulk-copy decode kernel (sm_90, sm_100) is as fast or faster.
+    // The bulk-copy decode kernel (sm_90, sm_100) is as fast or faster, but for long batches.
     EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, true, 227 * 1024));
+    auto long_route = [&](std::vector<int64_t> lens, uint32_t f = 0, bool graph = false, int group = 4,
+                          DType kv = DType::bf16) {
+      kvattn::cuda::DecodeBatchShape b;
+      b.kv_len = lens;
+      b.num_kv_heads = 8;
+      b.cuda_graph = graph;
+      return decode_uses_prefill_kernels(bf, kv, 128, 128, group, f, 16, true, 227 * 1024, b);
+    };
+    EXPECT_TRUE(long_route(std::vector<int64_t>(64, 4096)));
+    EXPECT_TRUE(long_route(std::vector<int64_t>(16, 32768)));  // 128 (request, KV head) pairs
+    EXPECT_TRUE(long_route(std::vector<int64_t>(64, 2048)));   // the mean at the threshold
+    EXPECT_TRUE(long_route(std::vector<int64_t>(64, 4096), kernels::kCausal));  // decode: causal cuts nothing
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 2047)));  // short: the decode kernels
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 1016)));
+    EXPECT_FALSE(long_route(std::vector<int64_t>(1, 32768)));  // too few pairs to fill the SMs
+    EXPECT_FALSE(long_route(std::vector<int64_t>(15, 32768)));
+    EXPECT_FALSE(long_route({}));
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 4096), 0, /*graph=*/true));  // a captured run() keeps its kernels
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 4096), kernels::kSoftCap));  // variants: not measured
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 4096), kernels::kSlidingWindow));
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 4096), 0, false, 1));  // MHA
+    EXPECT_FALSE(long_route(std::vector<int64_t>(64, 4096), 0, false, 4, e4));  // fp8 KV
     // Not the tensor-core decode kernel: fp8 KV, fused RoPE, mixed q/KV types, f32.
     EXPECT_FALSE(route(bf, e4, 128, 128, 4, 0, false, kA100));
     EXPECT_FALSE(route(bf, bf, 128, 128, 4, kernels::kRope, false, kA100));
@@ -295,13 +332,13 @@ TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
     EXPECT_TRUE(route(bf, bf, 256, 256, 64, 0, true, kA100));
     EXPECT_FALSE(route(bf, bf, 256, 256, 64, 0, true, kAda));
   }
-  for (const char* kernel : {"mma", "transposed", "bulk"}) {
+  for (const char* kernel : {"mma", "transposed", "bulk", "decode"}) {
     DecodeKernelEnv env(kernel);
     EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, kA100)) << kernel;
   }
   DecodeKernelEnv env("prefil");
   EXPECT_KVATTN_ERROR(route(bf, bf, 128, 128, 4, 0, false, kA100),
-                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not 'prefil'");
+                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not 'prefil'");
 }
 
 TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {

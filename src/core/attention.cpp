@@ -295,10 +295,14 @@ bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& work
   const auto& s = plan.shape;
   const int device = workspace.device().index;
   const bool bulk = cuda::device_has_bulk_decode(device);  // throws without a CUDA device
+  cuda::DecodeBatchShape batch;
+  batch.kv_len = plan.kv_len;
+  batch.num_kv_heads = s.num_kv_heads;
+  batch.cuda_graph = plan.scheduler.cuda_graph.has_value();
   return cuda::decode_uses_prefill_kernels(s.q_dtype, s.kv_dtype, s.head_dim_qk, s.head_dim_vo,
                                            s.num_qo_heads / s.num_kv_heads, plan.variant.features, plan.page_size,
-                                           bulk,
-                                           int64_t(cuda::device_info(device).max_smem_per_block_optin));
+                                           bulk, int64_t(cuda::device_info(device).max_smem_per_block_optin),
+                                           batch);
 #else
   (void)plan; (void)workspace;
   return false;  // plan_decode_gpu says why there is no GPU path
@@ -310,8 +314,10 @@ void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const T
                      void* stream) {
 #if KVATTN_WITH_CUDA
   validate::gpu_workspace(workspace);
-  plan.gpu_decode = previous && previous->gpu_decode ? previous->gpu_decode
-                                                     : std::make_shared<cuda::DecodeRunner>();
+  plan.gpu_decode = previous && previous->gpu_decode   ? previous->gpu_decode
+                    : previous && previous->spare_decode ? previous->spare_decode
+                                                         : std::make_shared<cuda::DecodeRunner>();
+  if (previous) plan.spare_prefill = previous->gpu_prefill ? previous->gpu_prefill : previous->spare_prefill;
   std::vector<int32_t> kv_len(plan.kv_len.begin(), plan.kv_len.end());
   cuda::DecodeProblem pr;
   const auto& s = plan.shape;

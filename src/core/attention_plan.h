@@ -58,6 +58,11 @@ struct AttentionPlan {
   std::shared_ptr<cuda::DecodeRunner> gpu_decode;
   // The GPU side of a prefill plan (src/core/prefill_gpu.cpp), kept across plans likewise.
   std::shared_ptr<cuda::PrefillRunner> gpu_prefill;
+  // BatchDecode moves between the two kernel families by batch on sm_90+
+  // (cuda::decode_uses_prefill_kernels): the runner this plan does not use, kept for the next
+  // switch (a new runner would allocate its pinned staging again).
+  std::shared_ptr<cuda::DecodeRunner> spare_decode;
+  std::shared_ptr<cuda::PrefillRunner> spare_prefill;
 #endif
 
   int64_t batch_size() const { return int64_t(qo_indptr.size()) - 1; }

@@ -26,8 +26,10 @@ void check_kv_alignment(const char* name, const TensorView& t, int ndim_checked)
 void plan_prefill_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
                       const SchedulerOptions& scheduler, void* stream) {
   validate::gpu_workspace(workspace);
-  plan.gpu_prefill = previous && previous->gpu_prefill ? previous->gpu_prefill
-                                                       : std::make_shared<cuda::PrefillRunner>();
+  plan.gpu_prefill = previous && previous->gpu_prefill   ? previous->gpu_prefill
+                     : previous && previous->spare_prefill ? previous->spare_prefill
+                                                           : std::make_shared<cuda::PrefillRunner>();
+  if (previous) plan.spare_decode = previous->gpu_decode ? previous->gpu_decode : previous->spare_decode;
   std::vector<int32_t> kv_len(plan.kv_len.size());
   for (size_t b = 0; b < kv_len.size(); ++b) {
     KVATTN_CHECK(plan.kv_len[b] <= std::numeric_limits<int32_t>::max(), "request ", b, " has ",

@@ -65,11 +65,13 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
                grid, "'");
   c.persistent = grid == "workers";
   // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async;
-  // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements.
+  // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements (=decode: the decode
+  // kernels' own choice, never the prefill kernels).
   const char* env = detail::knob("KVATTN_DECODE_KERNEL");
-  const std::string kernel = env ? env : "";
-  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
-               "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
+  const std::string kernel = env && std::string_view(env) != "decode" ? env : "";
+  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "decode" ||
+                   kernel == "prefill",
+               "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not '", kernel, "'");
   c.transposed = c.tensor_cores && kernel == "transposed";
   c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
   // TMA boxes of 16 tokens x 64 dims: pages of whole boxes, head dims of whole 128-byte rows. A
@@ -188,11 +190,13 @@ bool decode_batch_is_skewed(std::span<const int32_t> kv_len) {
 }
 
 bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
-                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block) {
+                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block,
+                                 const DecodeBatchShape& batch) {
   const char* env = detail::knob("KVATTN_DECODE_KERNEL");
   const std::string kernel = env ? env : "";
-  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "prefill",
-               "KVATTN_DECODE_KERNEL is mma, transposed, bulk or prefill, not '", kernel, "'");
+  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "decode" ||
+                   kernel == "prefill",
+               "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not '", kernel, "'");
   if (!kernel.empty() && kernel != "prefill") return false;
   // Only problems the prefill kernels take and whose kernel fits the device's shared memory;
   // the others stay on the decode kernels (and get their errors).
@@ -204,11 +208,18 @@ bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_di
                             max_smem_per_block);
   if (prefill_smem_bytes(pc) > max_smem_per_block) return false;
   if (kernel == "prefill") return true;
-  // Where the decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE,
-  // no bulk copies) and the group fills 4 to 16 rows of the prefill kernel's M tile (measured
-  // at 4; wider groups take several row tiles per head chunk).
+  // Where the decode kernel would be a tensor-core one (f16/bf16 KV, no fused RoPE) and the group
+  // fills 4 to 16 rows of the prefill kernel's M tile (measured at 4; wider groups take several
+  // row tiles per head chunk).
   const bool tensor_core_decode = kv == q && !(features & kernels::kRope);
-  return tensor_core_decode && !bulk_copies && group_size >= 4 && group_size <= 16;
+  if (!tensor_core_decode || group_size < 4 || group_size > 16) return false;
+  if (!bulk_copies) return true;
+  // sm_90+: long batches of plain softmax decode only (the header says why).
+  if (batch.cuda_graph || (features & ~uint32_t(kernels::kCausal)) != 0) return false;
+  int64_t total = 0;
+  for (int64_t l : batch.kv_len) total += l;
+  const int64_t requests = int64_t(batch.kv_len.size());
+  return requests * batch.num_kv_heads >= 128 && requests > 0 && total >= kLongDecodeMeanTokens * requests;
 }
 
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch) {

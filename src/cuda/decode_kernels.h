@@ -83,17 +83,32 @@ int decode_smem_bytes(const DecodeKernelConfig& c);
 // docs/PERFORMANCE.md, session 9).
 int decode_default_workers(int sm_count, int resident_per_sm, int head_chunks, int num_kv_heads, bool persistent);
 
+// The batch of one decode plan, for the choice below (empty: no batch-dependent choice).
+struct DecodeBatchShape {
+  std::span<const int64_t> kv_len;  // tokens per request
+  int num_kv_heads = 1;
+  bool cuda_graph = false;  // a captured run() replays its kernels: no choice by lengths
+};
+
 // Whether BatchDecode runs as a batch prefill of one query per request on the mma.sync prefill
-// kernels, which pack the GQA group into the M tile, instead of on a decode kernel. Yes where the
-// decode kernel would be the cp.async tensor-core one (f16/bf16 KV, no fused RoPE, a device
-// without bulk copies), the group has 4 to 16 heads, and the prefill kernels take the head dims
-// and dtypes with a kernel that fits max_smem_per_block. The page table may be on the host or the
-// device (both kernel families read device ids in place). Why: on the H200 with the cp.async
-// kernel forced, the prefill kernels decoded 10-17% faster (64 x 4096 and the skewed batches,
-// 32/8; docs/PERFORMANCE.md), while the bulk-copy kernels of sm_90+ are as fast or faster than
-// them. KVATTN_DECODE_KERNEL=prefill forces the prefill kernels, =mma|transposed|bulk the decode kernels.
+// kernels (their decode shape: the GQA group in the M tile, four warps splitting each KV tile),
+// instead of on a decode kernel. Only where the prefill kernels take the head dims and dtypes
+// with a kernel that fits max_smem_per_block, the decode kernel would be a tensor-core one
+// (f16/bf16 KV, no fused RoPE) and the group has 4 to 16 heads; then:
+//  - devices without bulk copies (sm_80/86/89, sm_120): always. On the H200 with the cp.async
+//    decode kernel forced, the prefill kernels decoded 10-17% faster (docs/PERFORMANCE.md);
+//  - devices with bulk copies (sm_90+): for long batches of plain softmax decode (no variant
+//    feature but causal, which decode does not cut), outside CUDA-graph mode: at least 128
+//    (request, KV head) pairs and a mean length of at least kLongDecodeMeanTokens. H200, 32/8, page 16
+//    (session 15, PERFORMANCE.md): 64 x 4096 +4%, 64 x 32768 +5%, 256 x 32768 +6%, 64 Zipf
+//    lengths +3%; but 64 x 1016 -9%, 64 x 512 -16% and 1 x 32768 -2.5% stay on the TMA decode kernel.
+// The page table may be on the host or the device (both kernel families read device ids in
+// place). KVATTN_DECODE_KERNEL=prefill forces the prefill kernels, =decode the decode kernels'
+// own choice, =mma|transposed|bulk one decode kernel.
+inline constexpr int64_t kLongDecodeMeanTokens = 2048;
 bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
-                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block);
+                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block,
+                                 const DecodeBatchShape& batch = {});
 KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch);
 // The merge of split rows for the same output dtype, head dim and softmax/sigmoid choice.
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch);
