@@ -235,7 +235,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us}, {"plan_p90_us", plan_times.p90_us},
           {"plan_host_table_us", plan_host_table_us}, {"plan_host_table_p90_us", plan_host_table.p90_us},
           {"l2_copies", copies}, {"workers", timed_plan ? timed_plan->num_workers() : 0},
-          {"kernels", via_prefill ? "prefill" : "decode"}, {"page_ids", o.host_table ? "host" : "device"},
+          {"kernels", via_prefill ? "prefill" : std::string(decode.kernel_family())},
+          {"page_ids", o.host_table ? "host" : "device"},
           {"items", timed_plan ? timed_plan->num_items() : 0},
           {"merges", timed_plan ? timed_plan->num_merges() : 0}};
   if (io) {  // one more run on copy 0, with lse, into a poisoned out; then export everything

@@ -143,6 +143,24 @@ BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l32768, std::vector<int32_t>(256, 327
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, long32k_63x512, kvattn::detail::one_long_lengths(32768, 63, 512));
 BENCHMARK_CAPTURE(BM_PlanDecodeBench, b256_l512, std::vector<int32_t>(256, 512));
+// Long decode batches as BatchDecode plans them on sm_90's route to the prefill kernels' decode
+// shape (cuda::decode_uses_prefill_kernels): 3 CTAs per SM (396 workers), every slice stored.
+void BM_PlanDecodeOnPrefill(benchmark::State& s, std::vector<int32_t> lens) {
+  auto b = decode_batch(std::move(lens));
+  run_plan(s, b, workers(396));
+}
+void BM_PlanDecodeOnPrefillSlice0(benchmark::State& s, std::vector<int32_t> lens) {
+  auto b = decode_batch(std::move(lens));
+  auto o = workers(392);
+  o.slice_zero_only = true;
+  run_plan(s, b, o);
+}
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0, b64_l4096, std::vector<int32_t>(64, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0, b256_l4096, std::vector<int32_t>(256, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefill, b64_l4096, std::vector<int32_t>(64, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefill, b256_l4096, std::vector<int32_t>(256, 4096));
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefill, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
 
 BENCHMARK(BM_PlanDecode256_Uniform512to16k);
 BENCHMARK(BM_PlanDecode256_Zipf4k);

@@ -64,6 +64,19 @@ TEST(ValidationPlan, Shape) {
   expect([](S& s) { s.o_dtype = DType::e5m2; }, "o_dtype = e5m2 is not supported (f32, f16 or bf16)");
 }
 
+// kernel_family(): empty before plan(), "cpu" for a CPU plan; a failed plan keeps the last one's.
+TEST(ValidationPlan, KernelFamilyOnTheCpu) {
+  DecodeSetup d;
+  kvattn::BatchDecode op;
+  EXPECT_EQ(op.kernel_family(), "");
+  op.plan(d.plan());
+  EXPECT_EQ(op.kernel_family(), "cpu");
+  auto bad = d.plan();
+  bad.num_kv_heads = 0;
+  EXPECT_KVATTN_ERROR(op.plan(bad), "num_kv_heads = 0 must be >= 1");
+  EXPECT_EQ(op.kernel_family(), "cpu");
+}
+
 TEST(ValidationPlan, Variant) {
   DecodeSetup d;
   kvattn::BatchDecode op;

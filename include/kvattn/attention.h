@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include "kvattn/dtype.h"
 #include "kvattn/formats.h"
@@ -69,6 +70,11 @@ class BatchDecode {
   // inspection and tests; null before plan(). The GPU decode path's plan stores slice 0 only
   // (Plan::slice_zero_only(): its kernels repeat it for the other slices).
   const Plan* schedule() const;
+
+  // Which GPU kernels the last plan() chose: "decode" (the decode kernels), "prefill" (the batch
+  // prefill kernels' decode shape: long GQA batches on sm_90+, every GQA batch before sm_90; see
+  // docs/DESIGN.md, "Decode kernels"), or "cpu"; empty before plan().
+  std::string_view kernel_family() const;
 
  private:
   TensorView workspace_;

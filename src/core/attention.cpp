@@ -450,6 +450,15 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   run_cpu(*plan_, p, workspace_);
 }
 
+std::string_view BatchDecode::kernel_family() const {
+  if (!plan_) return {};
+#if KVATTN_WITH_CUDA
+  if (plan_->gpu_prefill) return "prefill";
+  if (plan_->gpu_decode) return "decode";
+#endif
+  return "cpu";
+}
+
 void BatchDecode::check_errors(void* stream) const {
   check_plan(plan_, "BatchDecode", "check_errors");
 #if KVATTN_WITH_CUDA

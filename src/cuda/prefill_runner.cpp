@@ -69,8 +69,16 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   }
   const int head_chunks = group / cfg.heads_per_cta;
   SchedulerOptions opts = pr.scheduler;
-  if (opts.num_workers <= 0) opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
-  opts.slice_zero_only = false;  // the prefill kernels read every slice's items
+  // Decode on the decode shape (outside graph mode) stages the plan's slice 0 only and the kernel
+  // repeats it for the other KV heads (kernels/prefill/entry.cuh): the planner then schedules one
+  // head's workers (1/8 at 32/8; its time halved on 264 x 4096, bench/plan_bench.cpp) and 1/8 of
+  // the items are staged. Workers a multiple of the KV heads give one slice per head.
+  const bool slice_zero = pr.one_query_per_request && !opts.cuda_graph && cfg.kv_warps > 1;
+  if (opts.num_workers <= 0) {
+    opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
+    if (slice_zero && opts.num_workers >= pr.num_kv_heads) opts.num_workers -= opts.num_workers % pr.num_kv_heads;
+  }
+  opts.slice_zero_only = slice_zero;  // else the prefill kernels read every slice's items
 
   PlannerInputs in;
   in.qo_indptr = pr.qo_indptr;
@@ -113,7 +121,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   // Stage everything in pinned memory, then one copy (cuda/plan_staging.h).
   const int64_t copy_bytes = L.end - L.items;
   char* host = staging_.acquire(copy_bytes) - L.items;  // host + offset mirrors the workspace
-  stage_items_round_robin(plan, plan.num_workers(), plan.item_capacity(),
+  stage_items_round_robin(plan, slice_zero ? plan.slice_workers() : plan.num_workers(), plan.item_capacity(),
                           reinterpret_cast<WorkItem*>(host + L.items), active_);
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
   auto copy_ints = [&](int64_t at, std::span<const int32_t> v) {
@@ -158,6 +166,9 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   const int rows_per_merge_cta = kernels::kMergeRowWarps / b.merge_row_warps;
   b.num_qo_heads = pr.num_qo_heads;
   b.num_kv_heads = pr.num_kv_heads;
+  b.slices = slice_zero ? plan.num_slices() : 1;
+  b.slice_heads = plan.slice_heads();
+  b.slice_slots = int32_t(plan.slice_slots());
   b.variant = pr.variant;
   b.variant.custom_mask = has_mask ? reinterpret_cast<const uint8_t*>(ws + L.mask) : nullptr;
   b.variant.mask_indptr = has_mask ? reinterpret_cast<const int32_t*>(ws + L.mask_indptr) : nullptr;

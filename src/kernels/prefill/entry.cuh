@@ -10,8 +10,16 @@ namespace kvattn::kernels::prefill {
 
 template <class Kernel>
 __device__ void run_one_item(const PrefillParams& p, char* smem) {
-  const DeviceWorkItem item = p.items[blockIdx.x];
-  if (item.active) Kernel::run_item(p, smem, item);
+  if constexpr (Kernel::kSlices) {  // params.cuh: slice 0's items for every slice
+    const int32_t index = int32_t(blockIdx.x) / p.slices, s = int32_t(blockIdx.x) - index * p.slices;
+    DeviceWorkItem item = p.items[index];
+    item.kv_head = int16_t(item.kv_head + s * p.slice_heads);
+    if (item.partial_slot >= 0) item.partial_slot += s * p.slice_slots;
+    if (item.active) Kernel::run_item(p, smem, item);
+  } else {
+    const DeviceWorkItem item = p.items[blockIdx.x];
+    if (item.active) Kernel::run_item(p, smem, item);
+  }
 }
 
 // Folds the partial states of merge entry blockIdx.x in slot = KV order into query rows [q_begin,

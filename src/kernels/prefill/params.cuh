@@ -45,6 +45,12 @@ struct PrefillParams {
 
   int32_t num_qo_heads, num_kv_heads;
   VariantParams variant;  // custom-mask pointers are device pointers
+
+  // Decode-shape kernels only (KV_WARPS > 1; kept last so the other kernels' parameter offsets
+  // stay): the plan's slice 0 (include/kvattn/plan.h, "Slices"), repeated on the device. CTA i runs
+  // items[i / slices] for slice s = i % slices: kv_head + s slice_heads, partial_slot (where >= 0)
+  // + s slice_slots. 1 slice: items as staged.
+  int32_t slices, slice_heads, slice_slots;
 };
 
 }  // namespace kvattn::kernels

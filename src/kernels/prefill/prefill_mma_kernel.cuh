@@ -31,6 +31,7 @@ struct PrefillMmaKernel {
   static constexpr int kNAcc = kND + (C::kRowSumMMA ? 1 : 0);
   static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
   static constexpr bool kSplitKV = !C::kTransform;  // a transform needs K and V of a tile at once
+  static constexpr bool kSlices = C::KV_WARPS > 1;  // the decode shape repeats slice 0 (entry.cuh)
   static constexpr int kSmemBytes = C::kSmemBytes;
   using QFrag = uint32_t[kQInRegisters ? C::DQK / 16 : 1][4];
   // P packed to the MMA type right after the softmax (kPackP: half the registers stay live until
