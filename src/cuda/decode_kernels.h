@@ -99,9 +99,12 @@ struct DecodeBatchShape {
 //    decode kernel forced, the prefill kernels decoded 10-17% faster (docs/PERFORMANCE.md);
 //  - devices with bulk copies (sm_90+): for long batches of plain softmax decode (no variant
 //    feature but causal, which decode does not cut), outside CUDA-graph mode: at least 128
-//    (request, KV head) pairs and a mean length of at least kLongDecodeMeanTokens. H200, 32/8, page 16
-//    (session 15, PERFORMANCE.md): 64 x 4096 +4%, 64 x 32768 +5%, 256 x 32768 +6%, 64 Zipf
-//    lengths +3%; but 64 x 1016 -9%, 64 x 512 -16% and 1 x 32768 -2.5% stay on the TMA decode kernel.
+//    (request, KV head) pairs and a mean length of at least kLongDecodeMeanTokens. H200, 32/8, page
+//    16 (session 15, PERFORMANCE.md): 64 x 4096 +6.5%, 64 x 32768 +9%, 256 x 4096 +5%, 16 x 32768
+//    +10%, 64 Zipf lengths +7%, 64 x 2048 even; but 64 x 1016 -9%, 64 x 512 -16% and 1 x 32768
+//    -2.5% stay on the TMA decode kernel. The price: plan() balances 3 CTAs per SM by splitting
+//    requests (64 x 4096: planner 8 us against 1 us), which a step that plans once for all its
+//    layers pays once.
 // The page table may be on the host or the device (both kernel families read device ids in
 // place). KVATTN_DECODE_KERNEL=prefill forces the prefill kernels, =decode the decode kernels'
 // own choice, =mma|transposed|bulk one decode kernel.
