@@ -57,29 +57,6 @@ struct WorkspaceLayout {
   int64_t meta_begin() const { return items; }
 };
 
-// KVATTN_PLAN_TRACE=1 prints how long each phase of a GPU plan() took, one line per plan on stderr
-// after the last phase (printing inside a phase would be timed with it).
-struct PhaseTrace {
-  static constexpr int kMaxPhases = 8;
-  bool on = detail::knob("KVATTN_PLAN_TRACE") != nullptr;
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), t = start;
-  const char* names[kMaxPhases] = {};
-  double us[kMaxPhases] = {};
-  int n = 0;
-  void mark(const char* what) {
-    if (!on || n == kMaxPhases) return;
-    const auto now = std::chrono::steady_clock::now();
-    names[n] = what;
-    us[n++] = std::chrono::duration<double, std::micro>(now - t).count();
-    t = now;
-  }
-  ~PhaseTrace() {
-    if (!on || n == 0) return;
-    std::fprintf(stderr, "[plan]");
-    for (int i = 0; i < n; ++i) std::fprintf(stderr, " %s %.1f", names[i], us[i]);
-    std::fprintf(stderr, " (runner %.1f us)\n", std::chrono::duration<double, std::micro>(t - start).count());
-  }
-};
 }  // namespace
 
 // The bulk-copy kernel needs sm_90's copy engine and, at 3 stages, 109 KB of shared memory per CTA

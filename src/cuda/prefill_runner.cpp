@@ -30,6 +30,7 @@ struct WorkspaceLayout {
 
 void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t workspace_bytes, int device,
                          cudaStream_t stream) {
+  PhaseTrace trace;  // KVATTN_PLAN_TRACE=1 (plan_staging.h)
   require_cuda("BatchPrefill.plan on a CUDA workspace");
   DeviceGuard guard(device);
   const DeviceInfo& dev = device_info(device);
@@ -94,7 +95,9 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   in.tile = TileShape{pr.one_query_per_request ? 1 : cfg.query_tokens(), cfg.kv_tile};
   in.causal = (pr.variant.features & kernels::kCausal) != 0;
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
+  trace.mark("kernels");
   const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
+  trace.mark("planner");
 
   // Lay out the workspace.
   const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
@@ -121,6 +124,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   // Stage everything in pinned memory, then one copy (cuda/plan_staging.h).
   const int64_t copy_bytes = L.end - L.items;
   char* host = staging_.acquire(copy_bytes) - L.items;  // host + offset mirrors the workspace
+  trace.mark("wait+alloc");
   stage_items_round_robin(plan, slice_zero ? plan.slice_workers() : plan.num_workers(), plan.item_capacity(),
                           reinterpret_cast<WorkItem*>(host + L.items), active_);
   stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
@@ -139,8 +143,11 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     if (!pr.custom_mask.empty()) std::memcpy(host + L.mask, pr.custom_mask.data(), pr.custom_mask.size());
   }
   char* ws = static_cast<char*>(workspace);
+  trace.mark("stage");
   staging_.copy(ws + L.items, copy_bytes, stream);
+  trace.mark("copy");
   staging_.release(stream);
+  trace.mark("release");
 
   kernels::PrefillParams b{};
   b.qo_indptr = reinterpret_cast<const int32_t*>(ws + L.qo_indptr);
