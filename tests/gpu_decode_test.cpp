@@ -65,6 +65,21 @@ void run_gpu_decode_case(AttnCase c, Rng& rng) {
   run_decode_case(c, rng);
 }
 
+// BatchDecode (on the prefill kernels, where the caller forces them): 5 requests of 0-700 tokens
+// and one of long_len (split), 2 KV heads of head dim 128, bf16, against float64.
+void run_prefill_route_case(int group, int page_size, KVLayout layout, int64_t long_len) {
+  KVATTN_CASE_RNG(rng);
+  AttnCase c = gpu_case(DType::bf16, DType::bf16);
+  c.lens = lens_of(rng, 5, 0, 700);
+  c.lens.push_back({1, long_len});
+  c.num_kv_heads = 2;
+  c.num_qo_heads = 2 * group;
+  c.head_dim_qk = 128;
+  c.page_size = page_size;
+  c.layout = layout;
+  run_gpu_decode_case(c, rng);
+}
+
 // Each variant on a small GQA batch (8/2 heads, head dim 64, page 16, 3 requests of 0-400
 // tokens) for each KV dtype; accumulation > 0 replaces gpu_case's accumulation tolerance.
 void run_variant_cases(std::span<const kvattn::Variant> variants, DType q, std::initializer_list<DType> kvs,
@@ -240,18 +255,7 @@ TEST(GpuDecode, OnThePrefillKernels) {
   ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
   for (int group : {1, 4, 8})
     for (int ps : {1, 16})
-      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
-        KVATTN_CASE_RNG(rng);
-        AttnCase c = gpu_case(DType::bf16, DType::bf16);
-        c.lens = lens_of(rng, 5, 0, 700);
-        c.lens.push_back({1, 3000});
-        c.num_kv_heads = 2;
-        c.num_qo_heads = 2 * group;
-        c.head_dim_qk = 128;
-        c.page_size = ps;
-        c.layout = layout;
-        run_gpu_decode_case(c, rng);
-      }
+      for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) run_prefill_route_case(group, ps, layout, 3000);
   const kvattn::Variant variants[] = {
       kvattn::variants::sliding_window(40), kvattn::variants::soft_cap(5.0f), kvattn::variants::alibi(),
       kvattn::variants::rope(),             kvattn::variants::sigmoid(-1.0f),
@@ -293,18 +297,7 @@ TEST(GpuDecode, OnThePrefillKernelsDecodeShapes) {
     ScopedEnv decode_shape("KVATTN_PREFILL_DECODE_SHAPE", shape);
     SCOPED_TRACE(shape);
     for (int group : {1, 4, 8})
-      for (int ps : {1, 16}) {
-        KVATTN_CASE_RNG(rng);
-        AttnCase c = gpu_case(DType::bf16, DType::bf16);
-        c.lens = lens_of(rng, 5, 0, 700);
-        c.lens.push_back({1, 5000});
-        c.num_kv_heads = 2;
-        c.num_qo_heads = 2 * group;
-        c.head_dim_qk = 128;
-        c.page_size = ps;
-        c.layout = ps == 1 ? KVLayout::HND : KVLayout::NHD;
-        run_gpu_decode_case(c, rng);
-      }
+      for (int ps : {1, 16}) run_prefill_route_case(group, ps, ps == 1 ? KVLayout::HND : KVLayout::NHD, 5000);
   }
 }
 

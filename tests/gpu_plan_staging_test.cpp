@@ -39,7 +39,7 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
 
   struct Round {
     std::vector<int64_t> lens;
-    std::vector<HostTensor> table;  // kept alive: plan() reads the host page table
+    std::unique_ptr<RequestPool::PageTable> table;  // kept alive: plan() reads the host page table
     std::vector<double> q;
     std::unique_ptr<HostTensor> hq_t, out, lse;
     std::unique_ptr<DeviceMirror> dq, dout, dlse;
@@ -49,16 +49,8 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
     Round& R = all[size_t(r)];
     // Round 0 and every third: the full batch; round 1: one request.
     const int B = r % 3 == 0 ? max_batch : r == 1 ? 1 : int(rng.integer(1, max_batch));
-    std::vector<int32_t> indptr{0}, indices, last;
-    for (int b = 0; b < B; ++b) {
-      const int64_t len = r % 3 == 0 ? max_len : rng.integer(1, max_len);
-      R.lens.push_back(len);
-      const auto& own = pool.cache.pages_of(size_t(b));
-      indices.insert(indices.end(), own.begin(), own.begin() + len);
-      indptr.push_back(int32_t(indices.size()));
-      last.push_back(1);
-    }
-    R.table = {int32_tensor(indptr), int32_tensor(indices), int32_tensor(last)};
+    for (int b = 0; b < B; ++b) R.lens.push_back(r % 3 == 0 ? max_len : rng.integer(1, max_len));
+    R.table = std::make_unique<RequestPool::PageTable>(pool.page_table(R.lens));
     R.hq_t = std::make_unique<HostTensor>(DType::bf16, std::vector<int64_t>{B, hq, D});
     R.q.resize(size_t(B * hq * D));
     for (int64_t i = 0; i < B * hq * D; ++i) {
@@ -80,7 +72,7 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
   cudaStream_t stream;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   // The kernels are compiled or loaded before the stream stalls.
-  p.page_table = {all[0].table[0].view(), all[0].table[1].view(), all[0].table[2].view()};
+  p.page_table = all[0].table->view();
   op.plan(p, stream);
   op.run(all[0].dq->view(), cache, all[0].dout->view(), all[0].dlse->view(), stream);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
@@ -92,7 +84,7 @@ TEST(GpuPlanStaging, PlansRunAheadOfAStalledStream) {
   ASSERT_EQ(cudaLaunchHostFunc(stream, stall_stream, nullptr), cudaSuccess);
   for (int r = 0; r < rounds; ++r) {
     Round& R = all[size_t(r)];
-    p.page_table = {R.table[0].view(), R.table[1].view(), R.table[2].view()};
+    p.page_table = R.table->view();
     op.plan(p, stream);
     op.run(R.dq->view(), cache, R.dout->view(), R.dlse->view(), stream);
     if (r == 1) EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady) << "the stream did not stall";

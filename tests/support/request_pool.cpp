@@ -36,6 +36,34 @@ kvattn::BatchDecodePlan RequestPool::decode_plan(int num_qo_heads) const {
   return p;
 }
 
+RequestPool::PageTable RequestPool::page_table(const std::vector<int64_t>& lens) const {
+  std::vector<int32_t> indptr{0}, indices, last;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int64_t pages = (lens[b] + page_size - 1) / page_size;
+    const auto& own = cache.pages_of(b);
+    indices.insert(indices.end(), own.begin(), own.begin() + pages);
+    indptr.push_back(int32_t(indices.size()));
+    last.push_back(int32_t(pages ? lens[b] - (pages - 1) * page_size : 0));
+  }
+  return {int32_tensor(indptr), int32_tensor(indices), int32_tensor(last)};
+}
+
+#if KVATTN_WITH_CUDA
+GpuPool::GpuPool(int requests, int64_t max_len, int page_size, int num_qo_heads, int num_kv_heads, int head_dim,
+                 Rng& rng)
+    : pool(requests, max_len, page_size, num_kv_heads, head_dim, rng),
+      dk(pool.cache.k),
+      dv(pool.cache.v),
+      cache(kvattn::PagedKVCache::split(dk.view(), dv.view(), kvattn::KVLayout::NHD)),
+      q(kvattn::DType::bf16, {requests, num_qo_heads, head_dim}),
+      out(kvattn::DType::bf16, {requests, num_qo_heads, head_dim}),
+      lse(kvattn::DType::f32, {requests, num_qo_heads}),
+      qd(size_t(requests) * num_qo_heads * head_dim),
+      dq(q),
+      dout(out),
+      dlse(lse) {}
+#endif
+
 RequestPool::Reference RequestPool::decode_reference(const std::vector<int64_t>& lens, const double* q,
                                                     int num_qo_heads) const {
   Reference out;
