@@ -197,13 +197,19 @@ TEST(PrefillConfig, DecodeShapeKnob) {
     EXPECT_EQ(c.kv_tile % (16 * c.kv_warps), 0);
   }
   {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "6x16s2b2");  // 6 warps: 96-token tiles
+    EXPECT_EQ(decode().kv_warps, 6);
+    EXPECT_EQ(decode().kv_tile, 96);
+    EXPECT_EQ(decode().threads(), 192);
+  }
+  {
     kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "4x16s2b3");
     EXPECT_EQ(decode().min_blocks, 3);
     EXPECT_NE(decode().name().find("_s2_b3"), std::string::npos) << decode().name();
   }
   for (const char* bad : {"3x16s2", "4x16", "4x8s2", "4x16s5", "4x64s2", "4x16s2x", "4x16s2b", "4x16s2b9", "x"}) {
     kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", bad);
-    EXPECT_KVATTN_ERROR(decode(), std::string("KVATTN_PREFILL_DECODE_SHAPE is <kv_warps 1|2|4>x<tokens 16|32|64>s<stages "
+    EXPECT_KVATTN_ERROR(decode(), std::string("KVATTN_PREFILL_DECODE_SHAPE is <kv_warps 1|2|4|6|8>x<tokens 16|32|64>s<stages "
                                               "2-4>[b<CTAs per SM 1-8>] with at most 128 tokens per tile (e.g. 4x16s2), "
                                               "not '") + bad + "'");
   }

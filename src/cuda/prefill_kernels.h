@@ -94,7 +94,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_d
 
 // The decode shape: KV warps, tokens per warp, stages and CTAs per SM (__launch_bounds__'s minimum)
 // of a one-M-warp kernel. Selected by the environment variable
-// KVATTN_PREFILL_DECODE_SHAPE="<kv_warps>x<tokens>s<stages>[b<ctas>]" (kv_warps 1, 2 or 4; tokens
+// KVATTN_PREFILL_DECODE_SHAPE="<kv_warps>x<tokens>s<stages>[b<ctas>]" (kv_warps 1, 2, 4, 6 or 8; tokens
 // 16, 32 or 64; stages 2-4; CTAs 1-8; read at every plan; malformed values are errors).
 struct PrefillDecodeShape {
   int kv_warps, warp_tokens, stages, min_blocks;
