@@ -203,7 +203,7 @@ TEST(GpuPrefill, DecodeShapes) {
       kvattn::variants::sigmoid(-1.0f),
       kvattn::variants::causal().with_rope(),
   };
-  for (const char* shape : {"2x32s2", "4x16s2", "4x32s3", "4x16s4"}) {
+  for (const char* shape : {"2x32s2", "4x16s2", "4x32s3", "4x16s4", "6x16s2b2"}) {
     ScopedEnv force("KVATTN_PREFILL_DECODE_SHAPE", shape);
     SCOPED_TRACE(shape);
     const auto cfg = kvattn::cuda::choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 4, true, 5, 0, 4);

@@ -47,6 +47,18 @@ TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   EXPECT_EQ(d.tuning, 31u);
   EXPECT_LE(3 * (prefill_smem_bytes(d) + 1024), 228 * 1024);
   EXPECT_EQ(d.query_tokens(), 2);
+  // A uniform decode batch: six KV warps (96-token tiles) at 2 CTAs per SM.
+  auto uniform = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 8, true, 16, 0, 1,
+                                       227 * 1024, true);
+  EXPECT_EQ(uniform.kv_warps, 6);
+  EXPECT_EQ(uniform.kv_tile, 96);
+  EXPECT_EQ(uniform.min_blocks, 2);
+  EXPECT_EQ(uniform.tuning, 31u);
+  EXPECT_NE(uniform.name(), d.name());
+  // Only one-warp shapes: a longer run ignores the flag.
+  EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096, 227 * 1024,
+                                  true).name(),
+            choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096).name());
   // Head dim 256: 3 CTAs' stages do not fit, so the launch bound asks for what does (1).
   auto wide = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 4, true, 16, 0, 1);
   EXPECT_EQ(wide.kv_warps, 4);
@@ -195,6 +207,12 @@ TEST(PrefillConfig, DecodeShapeKnob) {
     EXPECT_EQ(c.kv_warps, 2);
     EXPECT_LE(prefill_smem_bytes(c), 99 * 1024);
     EXPECT_EQ(c.kv_tile % (16 * c.kv_warps), 0);
+  }
+  {
+    kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "2x32s3");  // replaces the uniform variant too
+    EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 1, 227 * 1024,
+                                    true).name(),
+              decode().name());
   }
   {
     kvattn_test::ScopedEnv env("KVATTN_PREFILL_DECODE_SHAPE", "6x16s2b2");  // 6 warps: 96-token tiles

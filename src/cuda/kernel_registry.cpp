@@ -140,8 +140,9 @@ std::vector<Preset> build() {
   // GQA decode on the prefill kernels' decode shape (cuda::decode_uses_prefill_kernels: the default
   // before sm_90 for groups 4-16; KVATTN_DECODE_KERNEL=prefill and `bench decode --via-prefill`).
   for (int group : {4, 8})
-    add_prefill_kernel(decode, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, group, true, 16,
-                                                     0, 1));
+    for (bool uniform : {false, true})
+      add_prefill_kernel(decode, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, group, true,
+                                                       16, 0, 1, 227 * 1024, uniform));
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
   p.push_back({"bench-prefill", "what `kvattn bench prefill` adds: MHA (group 1), pages of 1 and 16, soft-cap",

@@ -64,11 +64,13 @@ std::optional<uint32_t> tuning_knob() {
 }
 }  // namespace
 
-PrefillDecodeShape prefill_decode_shape() {
+PrefillDecodeShape prefill_decode_shape(bool uniform_decode) {
   // Four KV warps of 16 tokens, 2 stages, 3 CTAs per SM: measured fastest of eight shapes for GQA
   // decode (H200, bf16, hd 128, group 4, page 16; session 15, call 1, PERFORMANCE.md): 64 x 4096
   // 4,192-4,196 GB/s, 64 Zipf lengths 98% of that; the one-warp shape before it 3,985 and 85%.
-  PrefillDecodeShape s{4, 16, 2, 3};
+  // Uniform batches: six warps at 2 CTAs per SM (call 9: 64 x 4096 4,300-4,307, 256 x 4096
+  // 4,479-4,482, against 4,229-4,239 and 4,373-4,375).
+  PrefillDecodeShape s = uniform_decode ? PrefillDecodeShape{6, 16, 2, 2} : PrefillDecodeShape{4, 16, 2, 3};
   const char* env = detail::knob("KVATTN_PREFILL_DECODE_SHAPE");
   if (!env || !*env) return s;
   const std::string v = env;
@@ -134,7 +136,7 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
                                           bool paged, int page_size, uint32_t features,
-                                          int64_t max_qo_len, int64_t max_smem_per_block) {
+                                          int64_t max_qo_len, int64_t max_smem_per_block, bool uniform_decode) {
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU prefill kernels (a multiple of 16 up to 256)");
@@ -192,7 +194,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   c.kv_tile = wide || c.warps == 1 ? 32 : 64;
   c.stages = 2;
   if (c.warps == 1) {
-    const PrefillDecodeShape d = prefill_decode_shape();
+    const PrefillDecodeShape d = prefill_decode_shape(uniform_decode);
     c.kv_warps = d.kv_warps;
     c.kv_tile = d.kv_warps * d.warp_tokens;
     c.stages = d.stages;

@@ -86,20 +86,25 @@ uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo,
 //    head dims above 128), KV tiles of 64 tokens (32 for head dims above 128 or a single warp, or
 //    when 64 exceeds max_smem_per_block), 2 stages;
 //  - where one warp holds the rows (decode: one query token and the group), the decode shape
-//    (prefill_decode_shape): kv_warps warps split each KV tile.
+//    (prefill_decode_shape): kv_warps warps split each KV tile; `uniform_decode` (a decode batch
+//    that decode_batch_is_skewed calls uniform, outside graph mode) takes its uniform variant.
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,
                                           int group_size, bool paged, int page_size, uint32_t features,
-                                          int64_t max_qo_len, int64_t max_smem_per_block = 227 * 1024);
+                                          int64_t max_qo_len, int64_t max_smem_per_block = 227 * 1024,
+                                          bool uniform_decode = false);
 
 // The decode shape: KV warps, tokens per warp, stages and CTAs per SM (__launch_bounds__'s minimum)
-// of a one-M-warp kernel. Selected by the environment variable
-// KVATTN_PREFILL_DECODE_SHAPE="<kv_warps>x<tokens>s<stages>[b<ctas>]" (kv_warps 1, 2, 4, 6 or 8; tokens
-// 16, 32 or 64; stages 2-4; CTAs 1-8; read at every plan; malformed values are errors).
+// of a one-M-warp kernel. By default (H200, session 15, PERFORMANCE.md) 4 warps x 16 tokens at 3
+// CTAs per SM, and for uniform decode batches 6 x 16 at 2 (1.5-2.5% faster there, and with 2/3
+// of the workers the planner keeps whole requests; 5% slower on Zipf lengths). The environment
+// variable KVATTN_PREFILL_DECODE_SHAPE="<kv_warps>x<tokens>s<stages>[b<ctas>]" replaces both
+// (kv_warps 1, 2, 4, 6 or 8; tokens 16, 32 or 64; stages 2-4; CTAs 1-8; read at every plan;
+// malformed values are errors).
 struct PrefillDecodeShape {
   int kv_warps, warp_tokens, stages, min_blocks;
 };
-PrefillDecodeShape prefill_decode_shape();
+PrefillDecodeShape prefill_decode_shape(bool uniform_decode = false);
 
 int prefill_smem_bytes(const PrefillKernelConfig& c);
 KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuda/decode_kernels.h"
 #include "cuda/runtime.h"
 #include "kvattn/error.h"
 
@@ -43,10 +44,14 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   // the choice depends on the capacity only, never on the batch.
   if (pr.scheduler.cuda_graph && !pr.one_query_per_request)
     max_qo = std::max<int64_t>(max_qo, pr.scheduler.cuda_graph->max_tokens);
+  // Decode of a batch without a dominant request takes the decode shape's uniform variant (not in
+  // graph mode, whose captured kernel must serve every batch).
+  const bool uniform_decode =
+      pr.one_query_per_request && !pr.scheduler.cuda_graph && !decode_batch_is_skewed(pr.kv_len);
   PrefillKernelConfig cfg =
       choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
                             pr.paged, pr.page_size, pr.variant.features, max_qo,
-                            int64_t(dev.max_smem_per_block_optin));
+                            int64_t(dev.max_smem_per_block_optin), uniform_decode);
   cfg.checked_ids = pr.paged && pr.device_kv_indices != nullptr;
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !kernel_ || config_.checked_ids == cfg.checked_ids,
                "in CUDA-graph mode the page table cannot move between host and device between plans (a captured "
