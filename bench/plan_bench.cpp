@@ -164,6 +164,14 @@ void BM_PlanDecodeOnPrefillFixed(benchmark::State& s, std::vector<int32_t> lens)
 }
 BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillFixed, b64_l4096, std::vector<int32_t>(64, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillFixed, b256_l4096, std::vector<int32_t>(256, 4096));
+void BM_PlanDecodeOnPrefillSlice0W264(benchmark::State& s, std::vector<int32_t> lens) {
+  auto b = decode_batch(std::move(lens));
+  auto o = workers(264);
+  o.slice_zero_only = true;
+  run_plan(s, b, o);
+}
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0W264, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
+BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0W264, b64_l4096, std::vector<int32_t>(64, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0, b64_l4096, std::vector<int32_t>(64, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0, b256_l4096, std::vector<int32_t>(256, 4096));
 BENCHMARK_CAPTURE(BM_PlanDecodeOnPrefillSlice0, zipf64, kvattn::detail::zipf_lengths(64, 4096.0, 1.0, 7));
