@@ -21,6 +21,8 @@
 
 #include "cuda/kernel_registry.h"
 #include "cuda/merge_kernels.h"
+#include "cuda/prefill_kernels.h"
+#include "kernels/variants/params.cuh"
 #include "cuda/runtime.h"
 #include "cuda/sha256.h"
 #include "kvattn/error.h"
@@ -115,6 +117,42 @@ TEST(CudaJit, DefaultPresetCompilesForSm90aAndSm80) {
       std::printf("[ compile  ] %-28s %-7s %6.2f s  %zu bytes\n", spec.name.c_str(), arch.c_str(),
                   r.seconds, r.cubin.size());
     }
+  }
+}
+
+// The prefill kernels' decode shape beyond what the presets hold: every variant family's transform
+// path (fp8 and RoPE tiles converted before the KV warps split them), head dims 64 and 256, and
+// the shapes shrunk for Ada's 99 KB per block (the uniform variant's six KV warps become three).
+TEST(CudaJit, DecodeShapesOfEveryVariantCompile) {
+  namespace k = kvattn::kernels;
+  struct Case {
+    DType kv;
+    int hd;
+    uint32_t features;
+    bool uniform;
+    int64_t smem;
+    const char* arch;
+  };
+  const Case cases[] = {
+      {DType::e4m3, 128, k::kCausal, false, 227 * 1024, "sm_90a"},
+      {DType::bf16, 128, k::kCausal | k::kRope, true, 227 * 1024, "sm_90a"},
+      {DType::bf16, 128, k::kSoftCap | k::kSlidingWindow | k::kAlibi, false, 227 * 1024, "sm_90a"},
+      {DType::bf16, 128, k::kCustomMask, true, 227 * 1024, "sm_90a"},
+      {DType::bf16, 128, k::kSigmoid, false, 227 * 1024, "sm_90a"},
+      {DType::bf16, 64, 0, true, 227 * 1024, "sm_90a"},
+      {DType::bf16, 256, 0, false, 227 * 1024, "sm_90a"},
+      {DType::bf16, 128, 0, true, 99 * 1024, "sm_89"},
+      {DType::e5m2, 256, 0, false, 99 * 1024, "sm_89"},
+  };
+  for (const Case& c : cases) {
+    const auto cfg = kvattn::cuda::choose_prefill_config(DType::bf16, c.kv, DType::bf16, c.hd, c.hd, 4, true, 16,
+                                                         c.features, 1, c.smem, c.uniform);
+    ASSERT_GT(cfg.kv_warps, 1) << cfg.name();
+    ASSERT_LE(kvattn::cuda::prefill_smem_bytes(cfg), c.smem) << cfg.name();
+    const KernelSpec spec = kvattn::cuda::prefill_spec(cfg, c.arch);
+    SCOPED_TRACE(spec.name + " " + c.arch);
+    CompileResult r = compile_to_cubin(spec);
+    EXPECT_TRUE(is_elf(r.cubin));
   }
 }
 

@@ -55,6 +55,11 @@ TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   EXPECT_EQ(uniform.min_blocks, 2);
   EXPECT_EQ(uniform.tuning, 31u);
   EXPECT_NE(uniform.name(), d.name());
+  // On Ada (99 KB per block) the uniform variant's 107 KB shrink to what fits: 3 warps x 16 tokens.
+  auto ada = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 1, 99 * 1024, true);
+  EXPECT_LE(prefill_smem_bytes(ada), 99 * 1024);
+  EXPECT_EQ(ada.kv_warps, 3);
+  EXPECT_EQ(ada.kv_tile, 48);
   // Only one-warp shapes: a longer run ignores the flag.
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096, 227 * 1024,
                                   true).name(),
