@@ -77,8 +77,9 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   SchedulerOptions opts = pr.scheduler;
   // Decode on the decode shape (outside graph mode) stages the plan's slice 0 only and the kernel
   // repeats it for the other KV heads (kernels/prefill/entry.cuh): the planner then schedules one
-  // head's workers (1/8 at 32/8; its time halved at 64 x 4096 on 392 workers, bench/plan_bench.cpp) and 1/8 of
-  // the items are staged. Workers a multiple of the KV heads give one slice per head.
+  // head's workers (1/8 at 32/8; its time halved at 64 x 4096 on 392 workers,
+  // bench/plan_bench.cpp) and 1/8 of the items are staged. Workers a multiple of the KV heads give
+  // one slice per head.
   const bool slice_zero = pr.one_query_per_request && !opts.cuda_graph && cfg.kv_warps > 1;
   if (opts.num_workers <= 0) {
     opts.num_workers = std::max(1, dev.sm_count * std::max(1, per_sm) / head_chunks);
