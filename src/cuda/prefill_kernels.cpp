@@ -78,11 +78,12 @@ PrefillDecodeShape prefill_decode_shape(bool uniform_decode) {
   bool parsed = std::sscanf(v.c_str(), "%dx%ds%d%n", &s.kv_warps, &s.warp_tokens, &s.stages, &used) == 3;
   if (parsed && size_t(used) < v.size())  // "b<ctas>", and nothing after it
     parsed = std::sscanf(v.c_str() + used, "b%d%n", &s.min_blocks, &used_b) == 1 && size_t(used + used_b) == v.size();
-  const bool valid = parsed && (s.kv_warps == 1 || s.kv_warps == 2 || s.kv_warps == 4 || s.kv_warps == 6 || s.kv_warps == 8) &&
-                     (s.warp_tokens == 16 || s.warp_tokens == 32 || s.warp_tokens == 64) && s.stages >= 2 &&
-                     s.stages <= 4 && s.kv_warps * s.warp_tokens <= 128 && s.min_blocks >= 1 && s.min_blocks <= 8;
-  KVATTN_CHECK(valid, "KVATTN_PREFILL_DECODE_SHAPE is <kv_warps 1|2|4|6|8>x<tokens 16|32|64>s<stages 2-4>[b<CTAs per SM "
-               "1-8>] with at most 128 tokens per tile (e.g. 4x16s2), not '", v, "'");
+  const bool warps_ok = s.kv_warps == 1 || s.kv_warps == 2 || s.kv_warps == 4 || s.kv_warps == 6 || s.kv_warps == 8;
+  const bool valid = parsed && warps_ok && (s.warp_tokens == 16 || s.warp_tokens == 32 || s.warp_tokens == 64) &&
+                     s.stages >= 2 && s.stages <= 4 && s.kv_warps * s.warp_tokens <= 128 && s.min_blocks >= 1 &&
+                     s.min_blocks <= 8;
+  KVATTN_CHECK(valid, "KVATTN_PREFILL_DECODE_SHAPE is <kv_warps 1|2|4|6|8>x<tokens 16|32|64>s<stages 2-4>",
+               "[b<CTAs per SM 1-8>] with at most 128 tokens per tile (e.g. 4x16s2), not '", v, "'");
   return s;
 }
 
