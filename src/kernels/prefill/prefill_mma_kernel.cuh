@@ -195,6 +195,8 @@ struct PrefillMmaKernel {
                                                         float (&acc)[MT][kNAcc][4], int warp, int kv_warp, int lane,
                                                         float c) {
     constexpr int kFloats = MT * (kNAcc * 4 + 4);  // one lane's state
+    static_assert((C::KV_WARPS - 1) * C::WARPS * kFloats * 32 * 4 <= C::kLayout.total - C::kLayout.stages,
+                  "the KV warps' states fit behind the stages (smem_layout's kv_warp_merge_bytes)");
     float* base = reinterpret_cast<float*>(stages);
     auto slot = [&](int kw, int i) { return base + ((kw - 1) * C::WARPS + warp) * kFloats * 32 + i * 32 + lane; };
     __syncthreads();  // every warp is done reading the stages
