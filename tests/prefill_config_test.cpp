@@ -60,6 +60,14 @@ TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   EXPECT_LE(prefill_smem_bytes(ada), 99 * 1024);
   EXPECT_EQ(ada.kv_warps, 3);
   EXPECT_EQ(ada.kv_tile, 48);
+  // Head dim 256 on Ada: 6 -> 3 -> 1 warps, tiles of 16 tokens per warp throughout.
+  for (bool u : {false, true}) {
+    auto wide_ada = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 4, true, 16, 0, 1,
+                                          99 * 1024, u);
+    EXPECT_LE(prefill_smem_bytes(wide_ada), 99 * 1024) << wide_ada.name();
+    EXPECT_EQ(wide_ada.kv_tile % (16 * wide_ada.kv_warps), 0) << wide_ada.name();
+    EXPECT_GE(wide_ada.kv_tile, 16) << wide_ada.name();
+  }
   // Only one-warp shapes: a longer run ignores the flag.
   EXPECT_EQ(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096, 227 * 1024,
                                   true).name(),
@@ -198,8 +206,12 @@ TEST(PrefillConfig, DecodeShapeKnob) {
     const auto spec = kvattn::cuda::prefill_spec(c, "sm_90a");
     EXPECT_NE(spec.source.find("u, 4>"), std::string::npos) << spec.source;  // KV_WARPS after the tuning bits
     EXPECT_NE(spec.source.find("__launch_bounds__(128"), std::string::npos);
-    // The merge of 3 warps' states (16 rows x (64 O + 4) floats per lane) fits in the stages.
-    EXPECT_GE(prefill_smem_bytes(c), kvattn::kernels::prefill::kv_warp_merge_bytes(128, 16, 4));
+    // The merge of 3 warps' states (32 lanes x (64 O + 4) floats each) fits behind the stages' start.
+    const auto layout = kvattn::kernels::prefill::smem_layout(128, 128, 2, c.rows(), c.kv_tile, c.stages, true, false,
+                                                              true, c.kv_warps);
+    EXPECT_EQ(kvattn::kernels::prefill::kv_warp_merge_bytes(128, 16, 4), 3 * 32 * 68 * 4);
+    EXPECT_LE(layout.stages + kvattn::kernels::prefill::kv_warp_merge_bytes(128, 16, 4), layout.total);
+    EXPECT_EQ(layout.total, prefill_smem_bytes(c));
     // Not for runs that need several M-row warps.
     const auto append = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 32);
     EXPECT_EQ(append.kv_warps, 1);

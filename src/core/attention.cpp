@@ -419,8 +419,10 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
     plan->scheduler = params.scheduler;
     check_table_device(table, workspace_);
     const bool on_prefill = decode_on_prefill_kernels(*plan, workspace_);
-    KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !(plan_->gpu_prefill || plan_->gpu_decode) ||
-                     (plan_->gpu_prefill != nullptr) == on_prefill,
+    // Only a switch between two graph-mode plans can break a captured run(); an eager plan before
+    // (sm_90's long batches run on the prefill kernels) captured nothing.
+    KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !plan_->scheduler.cuda_graph ||
+                     !(plan_->gpu_prefill || plan_->gpu_decode) || (plan_->gpu_prefill != nullptr) == on_prefill,
                  "BatchDecode in CUDA-graph mode cannot move from the ", on_prefill ? "decode" : "prefill",
                  " kernels to the ", on_prefill ? "prefill" : "decode",
                  " kernels between plans (a captured run() replays the kernels it captured); "

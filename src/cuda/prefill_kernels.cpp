@@ -213,9 +213,9 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
         --c.stages;
       } else if (c.kv_tile > 16 * c.kv_warps) {
         c.kv_tile /= 2;
-      } else if (c.kv_warps > 1) {
+      } else if (c.kv_warps > 1) {  // 16 tokens per warp here: 8 -> 4 -> 2 -> 1, 6 -> 3 -> 1
         c.kv_warps /= 2;
-        c.kv_tile /= 2;
+        c.kv_tile = 16 * c.kv_warps;
       } else {
         break;
       }

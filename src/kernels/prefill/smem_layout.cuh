@@ -65,7 +65,9 @@ constexpr bool swizzles_kv(bool tuned, int dqk, int dvo, int kv_bytes, bool rope
 constexpr int kv_pitch_bytes(int row_bytes, bool swizzled) { return swizzled ? row_bytes : pitch_bytes(row_bytes); }
 
 // Bytes of the states the KV warps other than the first hand over: per warp and 16-row MMA tile, a
-// thread's O fragments (DVO / 2 floats), m and d (2 each), stored lane-major (conflict-free).
+// thread's O fragments (DVO / 2 floats), m and d (2 each), stored lane-major (conflict-free). The
+// row-sum tile of tuning bit 128 (4 floats more) is not counted: the kernel's static_assert checks
+// the exact size against the layout (the stages hold it with room to spare).
 constexpr int kv_warp_merge_bytes(int dvo, int rows, int kv_warps) {
   return (kv_warps - 1) * (rows / 16) * 32 * (dvo / 2 + 4) * 4;
 }
