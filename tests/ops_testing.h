@@ -125,6 +125,13 @@ inline double round_to(DType t, double x) { return decode_bits(t, encode_bits(t,
 inline double unit_roundoff(DType t) {  // half an ulp, relative
   return t == DType::f32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -format_of(t).man_bits - 1);
 }
+// Half the subnormal spacing: the absolute rounding error where the relative bound no longer holds
+// (f16: 2^-25, about 3e-8).
+inline double half_subnormal_spacing(DType t) {
+  const Format f = format_of(t);
+  const int emin = 2 - (1 << (f.exp_bits - 1));  // the smallest normal exponent
+  return std::ldexp(1.0, emin - f.man_bits - 1);
+}
 
 // ---- host buffers --------------------------------------------------------------------------------
 // A byte buffer of `n` elements of one dtype, filled with the 0xff poison (NaN in every float
