@@ -105,6 +105,14 @@ std::vector<PrefillBenchCase> prefill_cases(bool quick) {
     add("hd128_causal_1x16384_gqa_alibi", "1 x 16384 causal, 32/8, ALiBi", 32, 8, 128, same(1, 16384), same(1, 16384),
         true);
     cases.back().alibi = true;
+    // Soft-cap beside the plain twins of the other head dims (hd 256 with Gemma 2's cap 50) and of
+    // GQA-packed CTAs.
+    add("hd64_causal_1x16384_softcap", "1 x 16384 causal, soft-cap 30", 32, 32, 64, same(1, 16384), same(1, 16384),
+        true, 30.0f);
+    add("hd256_causal_1x16384_softcap", "1 x 16384 causal, soft-cap 50", 16, 16, 256, same(1, 16384),
+        same(1, 16384), true, 50.0f);
+    add("hd128_causal_1x16384_gqa_softcap", "1 x 16384 causal, 32/8, soft-cap 30", 32, 8, 128, same(1, 16384),
+        same(1, 16384), true, 30.0f);
     // A skewed ragged batch with 16k tokens (Zipf lengths) beside its uniform twin (16 x 1k above).
     auto zipf = kvattn::detail::zipf_lengths(16, 1024.0, 1.0, 11);
     add("hd128_causal_zipf16", "16 zipf (mean 1k) causal", 32, 32, 128, zipf, zipf, true);

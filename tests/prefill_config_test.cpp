@@ -376,10 +376,75 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), 0u);
   ::setenv("KVATTN_PREFILL_TUNING", "255", 1);
   EXPECT_EQ(tuning(128, 128, DType::bf16, 0), 255u);
-  ::setenv("KVATTN_PREFILL_TUNING", "256", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-255, not '256'");
+  ::setenv("KVATTN_PREFILL_TUNING", "2047", 1);  // the soft-cap bits are cleared where they do not apply
+  EXPECT_EQ(tuning(128, 128, DType::bf16, 0), 255u);
+  ::setenv("KVATTN_PREFILL_TUNING", "2048", 1);
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-2047, not '2048'");
   ::setenv("KVATTN_PREFILL_TUNING", "x", 1);
-  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-255, not 'x'");
+  EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-2047, not 'x'");
+  ::unsetenv("KVATTN_PREFILL_TUNING");
+}
+
+// Soft-cap's fixed shift (kTuneCapShift): bf16 soft-cap without ALiBi or sigmoid and a cap up to
+// 54.7 (c log2 e <= 79), in every shape; nowhere else, whatever the tuning knob says; the knob can
+// clear it for A/B runs. The shift keeps weights in [2^-126, 2^64] (smem_layout.cuh).
+TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
+  using namespace kvattn::kernels::prefill;
+  using kvattn::kernels::kAlibi;
+  using kvattn::kernels::kCausal;
+  using kvattn::kernels::kSigmoid;
+  using kvattn::kernels::kSoftCap;
+  auto shifted = [](DType q, uint32_t features, float cap, int64_t qo = 16384) {
+    const DType kv = q;
+    return (choose_prefill_config(q, kv, q, 128, 128, 4, true, 16, features, qo, 227 * 1024, false, cap).tuning &
+            kTuneCapShift) != 0;
+  };
+  for (int64_t qo : {int64_t(16384), int64_t(20), int64_t(1)}) {  // long, short and decode shapes
+    EXPECT_TRUE(shifted(DType::bf16, kCausal | kSoftCap, 30.0f, qo)) << qo;
+    EXPECT_TRUE(shifted(DType::bf16, kSoftCap, 54.7f, qo)) << qo;
+    EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 54.8f, qo)) << qo;   // 54.8 log2 e = 79.06: over 2^64
+    EXPECT_FALSE(shifted(DType::f16, kSoftCap, 30.0f, qo)) << qo;    // f16 cannot hold the range
+    EXPECT_FALSE(shifted(DType::bf16, kSoftCap | kAlibi, 30.0f, qo)) << qo;  // ALiBi logits are unbounded
+    EXPECT_FALSE(shifted(DType::bf16, kSoftCap | kSigmoid, 30.0f, qo)) << qo;
+    EXPECT_FALSE(shifted(DType::bf16, kCausal, 30.0f, qo)) << qo;     // no soft-cap feature
+    EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 0.0f, qo)) << qo;     // cap unknown
+  }
+  EXPECT_TRUE(cap_shift_fits(79.0f));
+  EXPECT_FALSE(cap_shift_fits(79.01f));
+  EXPECT_FLOAT_EQ(cap_shift_log2(30.0f), 30.0f);   // small caps: weights <= 1
+  EXPECT_FLOAT_EQ(cap_shift_log2(72.0f), 22.0f);   // cap 50: weights in [2^-126, 2^50] for rows within 2^-32
+  // The fp8 KV kernels compute in bf16 too.
+  EXPECT_NE(choose_prefill_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, true, 16, kSoftCap, 4096,
+                                  227 * 1024, false, 50.0f).tuning & kTuneCapShift, 0u);
+  auto name = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap,
+                                    16384, 227 * 1024, false, 30.0f).name();
+  EXPECT_EQ(name, "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t863");
+  // The long shape's bits with the shift (measured, session 16): the five bits, the whole-tile
+  // transform and halves; quarters above hd 128 and with tanh.approx; fp8, RoPE, custom masks and
+  // f16 keep their bits (with the shift where it applies), short and decode shapes add the shift.
+  auto bits = [](DType q, DType kv, int hd, uint32_t features, int64_t qo = 16384, int group = 1) {
+    return choose_prefill_config(q, kv, q, hd, hd, group, false, 0, features, qo, 227 * 1024, false, 30.0f).tuning;
+  };
+  const uint32_t halves = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies |
+                          kTuneWholeTileTransform | kTuneCapShift | kTuneHalfTiles;
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 64, kCausal | kSoftCap), halves);
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 16384, 4), halves);
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 256, kCausal | kSoftCap), halves | kTuneQuarterTiles);
+  EXPECT_EQ(bits(DType::bf16, DType::e4m3, 128, kCausal | kSoftCap),
+            uint32_t(kTuneLazyRescale | kTuneUnrollQK | kTuneCapShift));
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kvattn::kernels::kRope | kSoftCap),
+            uint32_t(kTuneLazyRescale | kTuneUnrollQK | kTuneCapShift));
+  EXPECT_EQ(bits(DType::f16, DType::f16, 128, kCausal | kSoftCap), uint32_t(kTuneLazyRescale | kTuneUnrollQK));
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 20), uint32_t(kTuneCapShift));
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 1, 4) & kTuneHalfTiles, 0u);  // decode shape
+  ::setenv("KVATTN_PREFILL_TANH", "approx", 1);
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap), halves | kTuneQuarterTiles);
+  ::unsetenv("KVATTN_PREFILL_TANH");
+  ::setenv("KVATTN_PREFILL_TUNING", "5", 1);  // clears it
+  EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 30.0f));
+  ::setenv("KVATTN_PREFILL_TUNING", "261", 1);
+  EXPECT_TRUE(shifted(DType::bf16, kSoftCap, 30.0f));
+  EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 60.0f));  // cannot force it past its range
   ::unsetenv("KVATTN_PREFILL_TUNING");
 }
 

@@ -12,6 +12,11 @@
 namespace kvattn::cuda {
 namespace {
 
+// The soft-cap the presets compile for: 30 (Grok-1; `kvattn bench prefill`), which takes the
+// fixed shift (kTuneCapShift) as every bf16 cap up to 54.7 does (Gemma 2's 50 too; the shift's
+// value is read at run time, so one kernel serves them all).
+constexpr float kPresetSoftCap = 30.0f;
+
 std::vector<RegisteredKernel> merge_kernels() {
   std::vector<RegisteredKernel> out;
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
@@ -79,7 +84,8 @@ std::vector<RegisteredKernel> prefill_kernels() {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
                  int page_size = 16) {
-    add_prefill_kernel(out, choose_prefill_config(q, kv, q, dqk, dvo, group, paged, page_size, features, qo));
+    add_prefill_kernel(out, choose_prefill_config(q, kv, q, dqk, dvo, group, paged, page_size, features, qo,
+                                                  227 * 1024, false, kPresetSoftCap));
   };
   for (DType t : {DType::bf16, DType::f16})
     for (int hd : {64, 128, 256})
@@ -105,13 +111,21 @@ std::vector<RegisteredKernel> prefill_bench_kernels() {
   std::vector<RegisteredKernel> out;
   auto add = [&](int hd, bool paged, int page_size, uint32_t features) {
     add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, paged, page_size,
-                                                  features, 16384));
+                                                  features, 16384, 227 * 1024, false,
+                                                  kPresetSoftCap));
   };
   for (int hd : {64, 128, 256})
     for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);
   add(128, true, 16, kernels::kCausal);
   add(128, true, 1, kernels::kCausal);
   add(128, false, 16, kernels::kCausal | kernels::kSoftCap);
+  add(64, false, 16, kernels::kCausal | kernels::kSoftCap);
+  add(256, false, 16, kernels::kCausal | kernels::kSoftCap);
+  add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                                kernels::kCausal | kernels::kSoftCap, 16384, 227 * 1024, false,
+                                                kPresetSoftCap));
+  add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                                kernels::kCausal, 16384));
   return out;
 }
 

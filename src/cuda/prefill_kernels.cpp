@@ -56,7 +56,7 @@ std::optional<uint32_t> tuning_knob() {
   const char* env = detail::knob("KVATTN_PREFILL_TUNING");
   if (!env || !*env) return std::nullopt;
   const std::string v = env;
-  const bool digits = v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos;
+  const bool digits = v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
   const int bits = digits ? std::stoi(v) : -1;
   KVATTN_CHECK(bits >= 0 && bits <= int(kTuneAll), "KVATTN_PREFILL_TUNING is a number 0-", int(kTuneAll), ", not '", v,
                "'");
@@ -135,9 +135,44 @@ PrefillTileShape prefill_long_shape(const std::string& variant, int dqk, int dvo
   detail::throw_error("KVATTN_PREFILL_VARIANT = '", variant, "' is not a prefill variant (m2k32, m2k64, m1k64, m2w8, m2k48, m2k48s3)");
 }
 
+namespace {
+// Whether soft-cap's fixed shift (kTuneCapShift, smem_layout.cuh) applies: bf16, soft-cap under
+// softmax without ALiBi, a cap within cap_shift_fits.
+bool cap_shift_applies(DType q, uint32_t features, float soft_cap) {
+  using namespace kernels;
+  return q == DType::bf16 && (features & kSoftCap) != 0 && (features & (kSigmoid | kAlibi)) == 0 &&
+         prefill::cap_shift_fits(soft_cap * 1.4426950408889634f);
+}
+
+// The long shape's bits where the shift applies (H200, session 16, calls 5-6, PERFORMANCE.md; 1 x
+// 16k causal): the five bits, the whole-tile transform and the tile in halves (863): hd 64 179.7
+// (no shift) -> 215.0, hd 128 305.6 -> 329.5, 32/8 302.7 -> 326.2; above hd 128 in quarters (1887:
+// hd 256 at cap 50 237.0 -> 307.8, its plain twin 294.6). tanh.approx in quarters everywhere
+// (hd 128 341 -> 359 over its bits 285, hd 256 261 -> 321; hd 64 equal).
+uint32_t shifted_soft_cap_tuning(int head_dim, bool fast_tanh) {
+  using namespace kernels::prefill;
+  const uint32_t halves = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies |
+                          kTuneWholeTileTransform | kTuneCapShift | kTuneHalfTiles;
+  return halves | (fast_tanh || head_dim > 128 ? uint32_t(kTuneQuarterTiles) : 0u);
+}
+
+// Sets or clears the fixed shift where it applies. A knob that sets the bit elsewhere is
+// overruled (the shift would overflow there); one that clears it keeps it cleared (A/B runs).
+void set_cap_shift(PrefillKernelConfig& c, float soft_cap) {
+  using namespace kernels;
+  const bool applies = cap_shift_applies(c.q_dtype, c.features, soft_cap);
+  const bool knob_clears = tuning_knob() && (*tuning_knob() & prefill::kTuneCapShift) == 0;
+  if (applies && !knob_clears)
+    c.tuning |= prefill::kTuneCapShift;
+  else
+    c.tuning &= ~uint32_t(prefill::kTuneCapShift | prefill::kTuneHalfTiles |
+                          prefill::kTuneQuarterTiles);  // the parts of a tile need the shift
+}
+}  // namespace
+
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
-                                          bool paged, int page_size, uint32_t features,
-                                          int64_t max_qo_len, int64_t max_smem_per_block, bool uniform_decode) {
+                                          bool paged, int page_size, uint32_t features, int64_t max_qo_len,
+                                          int64_t max_smem_per_block, bool uniform_decode, float soft_cap) {
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU prefill kernels (a multiple of 16 up to 256)");
@@ -178,6 +213,10 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
     c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged, c.fast_tanh);
+    // (Measured with 2-byte K/V as it lands; fp8, RoPE and custom masks keep their bits and the shift.)
+    if (!tuning_knob() && cap_shift_applies(q, features, soft_cap) && kv == q &&
+        !(features & (kernels::kRope | kernels::kCustomMask)))
+      c.tuning = shifted_soft_cap_tuning(std::max(dqk, dvo), c.fast_tanh);
     // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);
@@ -187,6 +226,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     // Halved to a multiple of 16 (the MMA's k): 64 -> 32, 48 -> 32.
     while (prefill_smem_bytes(c) > budget && c.kv_tile > 32) c.kv_tile = std::max(32, (c.kv_tile / 2 + 15) / 16 * 16);
     while (prefill_smem_bytes(c) > budget && c.stages > 2) --c.stages;
+    set_cap_shift(c, soft_cap);
     return c;
   }
   c.warps = 1;
@@ -224,9 +264,11 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     // per CTA, on the H200): the bound only caps registers.
     c.min_blocks = d.min_blocks;
     while (c.min_blocks > 1 && int64_t(c.min_blocks) * (prefill_smem_bytes(c) + 1024) > 228 * 1024) --c.min_blocks;
+    set_cap_shift(c, soft_cap);
     return c;
   }
   while (prefill_smem_bytes(c) > max_smem_per_block && c.kv_tile > 32) c.kv_tile /= 2;
+  set_cap_shift(c, soft_cap);
   return c;
 }
 

@@ -53,8 +53,8 @@ struct PrefillKernelConfig {
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
 //   m2k48s3   4x2 k48 s3 b2       4x2 k48 s3 b2      8x1 k48 s2 b1
 // KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
-// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-255>
-// replaces them (an experiment knob, read at every plan).
+// The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-2047>
+// replaces them (an experiment knob, read at every plan; the soft-cap bits stay where they apply).
 struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;
 };
@@ -67,7 +67,10 @@ std::string prefill_variant_for();
 // copies too) with one query head per CTA and for paged GQA-packed CTAs (except where those
 // spill: custom masks, fp8 or RoPE K/V keep the lazy rescale only); lean copies also for ragged
 // K/V at head dims 64 and 256; soft-cap lazy and unrolled only (through tanh.approx, fast_tanh,
-// P packed early and lean copies too). The kernel is latency-bound at
+// P packed early and lean copies too) where the fixed shift does not apply; where it does
+// (choose_prefill_config: bf16, cap <= 54.7, 2-byte K/V without RoPE or a custom mask) soft-cap
+// takes the five bits, the whole-tile transform and the tile in halves, in quarters above head
+// dim 128 and through tanh.approx (session 16). The kernel is latency-bound at
 // 255 registers, so each bit moves a kernel by a few percent either way; each choice was
 // measured, none is derived. kv_bytes: bytes of the KV storage type.
 uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int kv_bytes, int heads_per_cta,
@@ -87,12 +90,15 @@ uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo,
 //    when 64 exceeds max_smem_per_block), 2 stages;
 //  - where one warp holds the rows (decode: one query token and the group), the decode shape
 //    (prefill_decode_shape): kv_warps warps split each KV tile; `uniform_decode` (a decode batch
-//    that decode_batch_is_skewed calls uniform, outside graph mode) takes its uniform variant.
+//    that decode_batch_is_skewed calls uniform, outside graph mode) takes its uniform variant;
+//  - bf16 soft-cap (without ALiBi) with 0 < soft_cap <= 54.7 (cap_shift_fits; the variant's
+//    value, 0 when unknown) takes kTuneCapShift unless KVATTN_PREFILL_TUNING clears it; every
+//    other kernel has it cleared.
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,
                                           int group_size, bool paged, int page_size, uint32_t features,
                                           int64_t max_qo_len, int64_t max_smem_per_block = 227 * 1024,
-                                          bool uniform_decode = false);
+                                          bool uniform_decode = false, float soft_cap = 0.0f);
 
 // The decode shape: KV warps, tokens per warp, stages and CTAs per SM (__launch_bounds__'s minimum)
 // of a one-M-warp kernel. By default (H200, session 15, PERFORMANCE.md) 4 warps x 16 tokens at 3

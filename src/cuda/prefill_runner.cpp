@@ -51,7 +51,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   PrefillKernelConfig cfg =
       choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
                             pr.paged, pr.page_size, pr.variant.features, max_qo,
-                            int64_t(dev.max_smem_per_block_optin), uniform_decode);
+                            int64_t(dev.max_smem_per_block_optin), uniform_decode, pr.variant.soft_cap);
   cfg.checked_ids = pr.paged && pr.device_kv_indices != nullptr;
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !kernel_ || config_.checked_ids == cfg.checked_ids,
                "in CUDA-graph mode the page table cannot move between host and device between plans (a captured "

@@ -28,7 +28,8 @@ std::string AttnCase::describe() const {
      << kvattn::kv_layout_name(layout) << " "
      << (store == KVStore::ragged ? "ragged" : store == KVStore::paged ? "paged" : "paged-combined")
      << " page " << page_size << (strided ? " strided" : "") << (want_lse ? " lse" : "")
-     << " fill " << (fill == Fill::random ? "random" : fill == Fill::ones ? "ones" : "structured");
+     << " fill "
+     << (fill == Fill::random ? "random" : fill == Fill::ones ? "ones" : fill == Fill::aligned ? "aligned" : "structured");
   return os.str();
 }
 
@@ -42,6 +43,8 @@ double fill_value(Fill fill, char what, int64_t t, int h, int e, Rng& rng) {
     case Fill::random:
       if (what == 'v') return rng.uniform(-1, 1);
       return std::clamp(rng.normal(), -3.0, 3.0);
+    case Fill::aligned:
+      return what == 'v' ? rng.uniform(-1, 1) : rng.uniform(0.5, 1.5);
   }
   return 0;
 }

@@ -21,6 +21,7 @@ enum class Fill {
   random,      // q, k ~ N(0, 1) clipped to [-3, 3], v ~ U(-1, 1)
   ones,        // everything 1: every visible key has the same logit
   structured,  // small multiples of 1/8 that depend on (token, head, lane): exact in every dtype
+  aligned,     // q, k ~ U(0.5, 1.5), v ~ U(-1, 1): every q . k near head_dim (logits of one sign)
 };
 
 struct AttnCase {

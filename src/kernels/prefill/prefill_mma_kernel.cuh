@@ -30,7 +30,13 @@ struct PrefillMmaKernel {
   // Accumulator n-tiles: O's, then (kRowSumMMA) one whose every column is the row sum d.
   static constexpr int kNAcc = kND + (C::kRowSumMMA ? 1 : 0);
   static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
-  static constexpr bool kSplitKV = !C::kTransform;  // a transform needs K and V of a tile at once
+  // kHalfTiles (soft-cap's fixed shift: no row maximum ties a tile's keys together): the tile in
+  // 2 or 4 parts of whole 16-key steps (compute_scores and accumulate_pv step 16 keys), Q K^T part
+  // by part first, then each part's softmax and P V, so that one part's MUFU work runs beside
+  // another's MMAs; V must have landed before the tile starts.
+  static constexpr int kParts = C::kHalfTiles ? (C::kQuarterTiles && kNT % 8 == 0 ? 4 : kNT % 4 == 0 ? 2 : 1) : 1;
+  static constexpr bool kByParts = kParts > 1;
+  static constexpr bool kSplitKV = !C::kTransform && !kByParts;  // a transform needs K and V of a tile at once
   static constexpr bool kSlices = C::KV_WARPS > 1;  // the decode shape repeats slice 0 (entry.cuh)
   static constexpr int kSmemBytes = C::kSmemBytes;
   using QFrag = uint32_t[kQInRegisters ? C::DQK / 16 : 1][4];
@@ -114,10 +120,11 @@ struct PrefillMmaKernel {
     }
 
     float m[MT][2], d[MT][2], acc[MT][kNAcc][4];
+    const float m_init = C::kCapShift ? SM::cap_shift(p) / SM::exp_scale(p) : -INFINITY;  // the fixed shift
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) m[mt][r] = -INFINITY, d[mt][r] = 0.0f;
+      for (int r = 0; r < 2; ++r) m[mt][r] = m_init, d[mt][r] = 0.0f;
 #pragma unroll
       for (int n = 0; n < kNAcc; ++n)
 #pragma unroll
@@ -159,17 +166,24 @@ struct PrefillMmaKernel {
       if (C::FEATURES & kSlidingWindow) masked = masked || tile0 < pos_last - p.variant.window_left;
       float s[MT][kNT][4];
       PPacked pp;
-      if (!skip) {
-        compute_scores(s, qfrag, q_warp, ks_base, lane);
-        SM::logits(p, it, s, tile0, row0, g, t4, masked);
-        if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp);
-        if constexpr (C::kPackP) pack_p(s, pp);
+      if constexpr (kByParts) {
+        if (!skip) {
+          part_scores<0>(s, qfrag, q_warp, ks_base, lane);
+          tile_parts<0>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp);
+        }
+      } else {
+        if (!skip) {
+          compute_scores(s, qfrag, q_warp, ks_base, lane);
+          SM::logits(p, it, s, tile0, row0, g, t4, masked);
+          if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp);
+          if constexpr (C::kPackP) pack_p(s, pp);
+        }
+        if constexpr (kSplitKV) {
+          cp_async_wait<2 * C::STAGES - 2>();  // V of `tile`
+          __syncthreads();
+        }
+        if (!skip) accumulate_pv(s, pp, acc, vs_base, lane);
       }
-      if constexpr (kSplitKV) {
-        cp_async_wait<2 * C::STAGES - 2>();  // V of `tile`
-        __syncthreads();
-      }
-      if (!skip) accumulate_pv(s, pp, acc, vs_base, lane);
       if constexpr (C::PAGED)
         if (tile + C::STAGES < n_tiles)
           IO::put_row_offsets(p, ring_ptr(tile + C::STAGES), tile_start(tile + C::STAGES), next_id);
@@ -185,6 +199,27 @@ struct PrefillMmaKernel {
       if (kv_warp != 0) return;
     }
     store(p, it, item, m, d, acc, row0, g, t4, c_exp, poisoned);
+  }
+
+  // kByParts: Q K^T part by part (each part's scores complete before the next part's MMAs), then
+  // each part's logits, weights and P V: parts I of n-tiles [I kNT / kParts, (I + 1) kNT / kParts).
+  template <int I>
+  static __device__ __forceinline__ void part_scores(float (&s)[MT][kNT][4], const QFrag& qfrag, const char* q_warp,
+                                                     const char* ks_base, int lane) {
+    compute_scores<I * kNT / kParts, (I + 1) * kNT / kParts>(s, qfrag, q_warp, ks_base, lane);
+    if constexpr (I + 1 < kParts) part_scores<I + 1>(s, qfrag, q_warp, ks_base, lane);
+  }
+  template <int I>
+  static __device__ __forceinline__ void tile_parts(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
+                                                    PPacked& pp, float (&m)[MT][2], float (&d)[MT][2],
+                                                    float (&acc)[MT][kNAcc][4], const char* vs_base, int32_t tile0,
+                                                    int row0, int lane, bool masked, float c_exp) {
+    constexpr int N0 = I * kNT / kParts, N1 = (I + 1) * kNT / kParts;
+    SM::template logits<N0, N1>(p, it, s, tile0, row0, lane / 4, lane % 4, masked);
+    SM::template online_softmax<kNAcc, N0, N1>(s, m, d, acc, c_exp);
+    if constexpr (C::kPackP) pack_p<N0, N1>(s, pp);
+    accumulate_pv<N0, N1>(s, pp, acc, vs_base, lane);
+    if constexpr (I + 1 < kParts) tile_parts<I + 1>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp);
   }
 
   // The decode shape's end: KV warps 1.. hand their states (m, the lane's partial d, O fragments)
@@ -241,12 +276,14 @@ struct PrefillMmaKernel {
   }
 
   // S = Q K^T for the warp's MT x 16 rows and its kWarpKV tokens of the tile.
+  // N0, N1 (even): the n-tiles to compute, all of them unless the tile goes by parts.
+  template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void compute_scores(float (&s)[MT][kNT][4], const QFrag& qfrag, const char* q_warp,
                                                         const char* ks_base, int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int n = 0; n < kNT; ++n)
+      for (int n = N0; n < N1; ++n)
 #pragma unroll
         for (int j = 0; j < 4; ++j) s[mt][n][j] = 0.0f;
     // ldmatrix x4 over 16 tokens x 16 dims: matrices (tokens 0-7, dims 0-7), (0-7, 8-15),
@@ -277,7 +314,7 @@ struct PrefillMmaKernel {
       // differently compiled to other SASS and cost hd 128 7.5% (NOTES.md, session 10).
       const char* k_step = k_row_base + (k_swz ^ (ks * 32));
 #pragma unroll
-      for (int j = 0; j < C::kWarpKV / 16; ++j) {
+      for (int j = N0 / 2; j < N1 / 2; ++j) {
         uint32_t b[4];
         if constexpr (C::kSwizzleKV)
           ldmatrix_x4(b, k_step + j * 16 * C::kPitchK);
@@ -292,11 +329,12 @@ struct PrefillMmaKernel {
     }
   }
 
+  template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void pack_p(const float (&s)[MT][kNT][4], PPacked& pp) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
+      for (int n = N0; n < N1; ++n) {
         pp[mt][n][0] = pack2<C::DT>(s[mt][n][0], s[mt][n][1]);
         pp[mt][n][1] = pack2<C::DT>(s[mt][n][2], s[mt][n][3]);
       }
@@ -305,6 +343,8 @@ struct PrefillMmaKernel {
   // O += P V: P (16 rows x 16 tokens per k-step) as the A fragment, V rows by ldmatrix.trans:
   // matrices (tokens 0-7, dims 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) = b0, b1 of the
   // n-tile of dims 0-7 and b0, b1 of dims 8-15.
+  // N0, N1 (even): the n-tiles of P to take, all of them unless the tile goes by parts.
+  template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void accumulate_pv(const float (&s)[MT][kNT][4], const PPacked& pp,
                                                        float (&acc)[MT][kNAcc][4],
                                                        const char* vs_base, int lane) {
@@ -324,7 +364,7 @@ struct PrefillMmaKernel {
       for (int dn = 0; dn < C::DVO / 16; ++dn) {
         const uint32_t vd = v0 + (C::kSwizzleKV ? uint32_t(v_swz ^ (dn * 32)) : uint32_t(v_col * 2 + dn * 32));
 #pragma unroll
-        for (int kk = 0; kk < C::kWarpKV / 16; ++kk) {
+        for (int kk = N0 / 2; kk < N1 / 2; ++kk) {
           uint32_t b[4];
           ldmatrix_x4_trans_at(b, vd + kk * 16 * C::kPitchV);
 #pragma unroll
@@ -337,7 +377,7 @@ struct PrefillMmaKernel {
       }
       if constexpr (C::kRowSumMMA)
 #pragma unroll
-        for (int kk = 0; kk < C::kWarpKV / 16; ++kk)
+        for (int kk = N0 / 2; kk < N1 / 2; ++kk)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             const uint32_t pa[4] = {pp[mt][2 * kk][0], pp[mt][2 * kk][1], pp[mt][2 * kk + 1][0], pp[mt][2 * kk + 1][1]};
@@ -346,7 +386,7 @@ struct PrefillMmaKernel {
       return;
     }
 #pragma unroll
-    for (int kk = 0; kk < C::kWarpKV / 16; ++kk) {
+    for (int kk = N0 / 2; kk < N1 / 2; ++kk) {
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {

@@ -3,7 +3,8 @@
 //   - logits: the mask only on tiles it can cut; soft-cap / ALiBi / sigmoid weights on every tile
 //     when the variant has them (plain softmax variants keep raw scores: the scale is folded into
 //     the exponent, one FMA per score);
-//   - online softmax in log2 units with ex2.approx, the O rescale skipped when no row max moved.
+//   - online softmax in log2 units with ex2.approx, the O rescale skipped when no row max moved
+//     (bf16 soft-cap: one fixed shift instead of a row maximum, kTuneCapShift).
 #pragma once
 
 #include "kernels/prefill/tile_io.cuh"
@@ -64,6 +65,12 @@ struct ScoreMath {
   // -1 / (1 + 2^(x u)) in the scores, c L added to the LSE), so it keeps its log2-unit scores.
   static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax && C::FAST_TANH;
 
+  // Soft-cap's fixed shift (C::kCapShift; smem_layout.cuh says why it is safe): m holds the shift
+  // in score units from the start and never moves. The exact form folds it into its last FFMA.
+  static __device__ __forceinline__ float cap_shift(const PrefillParams& p) {
+    return cap_shift_log2(p.variant.soft_cap * kLog2e);
+  }
+
   // The factor between a score as the softmax sees it and log2 units (raw scores: |sm_scale|
   // log2 e; tanh.approx soft-cap: c L; other transformed ones are already in log2 units).
   static __device__ __forceinline__ float exp_scale(const PrefillParams& p) {
@@ -79,6 +86,7 @@ struct ScoreMath {
   struct Transform {
     float mul;         // soft-cap: u (exp form) or scale / c (tanh.approx); else scale L
     float cap;         // soft-cap: c L
+    float cap_bias;    // the exact soft-cap's constant term: c L, less the fixed shift under kCapShift
     float slope;       // ALiBi: slope L of the thread's rows (kOneHead)
     float slope_unit;  // ALiBi: L, or L / exp_scale in soft-cap's tanh units
     static constexpr float L = kSoftmax ? kLog2e : 1.0f;
@@ -86,6 +94,7 @@ struct ScoreMath {
     __device__ __forceinline__ explicit Transform(const PrefillParams& p) {
       const float scale = fabsf(p.variant.sm_scale);
       cap = (C::FEATURES & kSoftCap) ? p.variant.soft_cap * L : 1.0f;
+      cap_bias = C::kCapShift && !kCapUnits ? cap - cap_shift(p) : cap;
       if constexpr ((C::FEATURES & kSoftCap) != 0)
         mul = C::FAST_TANH ? scale / p.variant.soft_cap : scale * (2.0f * kLog2e) / p.variant.soft_cap;
       else
@@ -99,10 +108,11 @@ struct ScoreMath {
       if constexpr (kCapUnits) {
         y = fast_tanh<true>(x * mul);
       } else if constexpr ((C::FEATURES & kSoftCap) != 0) {
-        if constexpr (C::FAST_TANH)
+        if constexpr (C::FAST_TANH) {
           y = cap * fast_tanh<true>(x * mul);
-        else
-          y = fmaf(-2.0f * cap, fast_rcp(1.0f + fast_exp2(x * mul)), cap);
+        } else {
+          y = fmaf(-2.0f * cap, fast_rcp(1.0f + fast_exp2(x * mul)), cap_bias);
+        }
       } else {
         y = x * mul;
       }
@@ -113,6 +123,8 @@ struct ScoreMath {
 
   // Masks (when `masked`) and transforms the tile's scores. Softmax: masked scores become -inf;
   // sigmoid: scores become weights, 0 where masked.
+  // N0, N1: the n-tiles (8 keys each) to transform (one part of a tile under kTuneHalfTiles).
+  template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
                                                 int32_t tile0, int row0, int g, int t4, bool masked) {
     if (!kTransform && !masked) return;
@@ -139,7 +151,7 @@ struct ScoreMath {
             if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
               slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
 #pragma unroll
-            for (int n = 0; n < kNT; ++n) {
+            for (int n = N0; n < N1; ++n) {
               const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
               s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
             }
@@ -161,7 +173,7 @@ struct ScoreMath {
         // an 8-byte spill at hd 128, group 4, and still measured 7.6% faster: 272 -> 293 TFLOP/s.)
         if (kTransform && !masked) {
 #pragma unroll
-          for (int n = 0; n < kNT; ++n) {
+          for (int n = N0; n < N1; ++n) {
             const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
             s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
           }
@@ -180,7 +192,7 @@ struct ScoreMath {
         int64_t row_bit = 0;
         if constexpr ((C::FEATURES & kCustomMask) != 0) row_bit = int64_t(it.q_begin + tq) * it.kv_len;
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
+        for (int n = N0; n < N1; ++n) {
           const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
           bool visible = true;
           if (masked) {
@@ -206,9 +218,26 @@ struct ScoreMath {
   // rescale of d and O (skipped when no row of the warp moved), P = 2^(c s - c m) in place.
   // m is kept in score units; c = exp_scale(). With kRowSumMMA the row sums are acc's last
   // n-tile (the P V pass adds them), rescaled with O.
-  template <int NACC>
+  template <int NACC, int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
                                                         float (&acc)[MT][NACC][4], float c) {
+    static_assert(C::kCapShift || (N0 == 0 && N1 == kNT), "a row maximum needs the whole tile");
+    if constexpr (C::kCapShift) {  // P = 2^(c s - shift), m = shift / c throughout
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float neg_shift = -m[mt][r] * c;
+#pragma unroll
+          for (int n = N0; n < N1; ++n)
+#pragma unroll
+            for (int j = 2 * r; j < 2 * r + 2; ++j) {
+              s[mt][n][j] = fast_exp2(kCapUnits ? fmaf(s[mt][n][j], c, neg_shift) : s[mt][n][j]);
+              if constexpr (!C::kRowSumMMA) d[mt][r] += s[mt][n][j];
+            }
+        }
+      return;
+    }
     float rescale[MT][2];
     bool moved = false;
 #pragma unroll

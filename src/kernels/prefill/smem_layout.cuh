@@ -43,7 +43,14 @@ namespace kvattn::kernels::prefill {
 //    packed P against ones, instead of one FADD per score, so d sums exactly the rounded weights
 //    P V uses (O a weighted mean of V rows). An experiment (session 13): hd 64 +3.5%, hd 128
 //    page 16 +4%, but the rest 2-9% slower, and the LSE then carries the weights' bf16 rounding
-//    (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no kernel takes it.
+//    (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no kernel takes it;
+//  - kTuneCapShift (bf16 soft-cap without ALiBi, caps up to cap_shift_max()): the weights are
+//    2^(y - shift) with one fixed shift (cap_shift_log2) instead of the running row maximum, so
+//    the tile's chain S -> tanh -> exp has no maximum, no shuffle and no O rescale in it. The
+//    host sets it wherever it applies (cuda::choose_prefill_config) and clears it elsewhere;
+//  - kTuneHalfTiles (with kTuneCapShift): a tile in two halves of keys, Q K^T of both first, then
+//    each half's softmax and P V, so that one half's MUFU work overlaps the other's MMAs;
+//    kTuneQuarterTiles: four parts instead (session 16: hd 128 +5%, hd 256 +7%, hd 64 -3%).
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
@@ -53,8 +60,24 @@ enum PrefillTuning : unsigned {
   kTunePVByDim = 32u,
   kTuneWholeTileTransform = 64u,
   kTuneRowSumMMA = 128u,
-  kTuneAll = 255u
+  kTuneCapShift = 256u,
+  kTuneHalfTiles = 512u,
+  kTuneQuarterTiles = 1024u,
+  kTuneAll = 2047u
 };
+
+// Soft-cap's fixed shift, in log2 units of the logits y = c L tanh(x / c) in [-c L, c L] (c the
+// cap, L = log2 e). With P = 2^(y - shift):
+//  - no weight exceeds 2^(c L - shift) <= 2^64 (d and O stay far from f32's 2^128 for any
+//    kv_len x |v| below 2^64);
+//  - a row's weights within 2^-32 of its largest are >= 2^(-c L - 32 - shift) >= 2^-126: normal
+//    in f32 and bf16 (ex2.approx.ftz flushes below that), so they keep full relative precision,
+//    and the ones flushed weigh under 2^-32 of the row's largest each.
+// Hence shift = min(c L, 94 - c L), for c L <= 79 (caps up to 54.7). f16 has no room for it: its
+// weights span 2^-24 to 2^16, less than one capped row's range.
+constexpr float kCapShiftMaxLog2 = 79.0f;
+constexpr bool cap_shift_fits(float cap_log2) { return cap_log2 > 0.0f && cap_log2 <= kCapShiftMaxLog2; }
+constexpr float cap_shift_log2(float cap_log2) { return cap_log2 < 94.0f - cap_log2 ? cap_log2 : 94.0f - cap_log2; }
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
 // Whether the swizzle applies: K/V copied as they are (no conversion, no RoPE) in rows of whole
