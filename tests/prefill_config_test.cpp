@@ -387,8 +387,7 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
 
 // Soft-cap's fixed shift (kTuneCapShift): bf16 soft-cap without ALiBi or sigmoid and a cap up to
 // 54.7 (c log2 e <= 79), in every shape; nowhere else, whatever the tuning knob says; the knob can
-// clear it for A/B runs. Its fixed references keep weights <= 2^64 and the ones that matter
-// normal (smem_layout.cuh).
+// clear it for A/B runs. The shift keeps weights in [2^-126, 2^64] (smem_layout.cuh).
 TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   using namespace kvattn::kernels::prefill;
   using kvattn::kernels::kAlibi;
@@ -412,7 +411,8 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   }
   EXPECT_TRUE(cap_shift_fits(79.0f));
   EXPECT_FALSE(cap_shift_fits(79.01f));
-  EXPECT_FLOAT_EQ(cap_reference_floor(72.0f), 8.0f);  // cap 50: weights <= 2^(72 - 8) = 2^64
+  EXPECT_FLOAT_EQ(cap_shift_log2(30.0f), 30.0f);   // small caps: weights <= 1
+  EXPECT_FLOAT_EQ(cap_shift_log2(72.0f), 22.0f);   // cap 50: weights in [2^-126, 2^50] for rows within 2^-32
   // The fp8 KV kernels compute in bf16 too.
   EXPECT_NE(choose_prefill_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, true, 16, kSoftCap, 4096,
                                   227 * 1024, false, 50.0f).tuning & kTuneCapShift, 0u);

@@ -120,17 +120,17 @@ struct PrefillMmaKernel {
     }
 
     float m[MT][2], d[MT][2], acc[MT][kNAcc][4];
+    const float m_init = C::kCapShift ? SM::cap_shift(p) / SM::exp_scale(p) : -INFINITY;  // the fixed shift
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) m[mt][r] = -INFINITY, d[mt][r] = 0.0f;
+      for (int r = 0; r < 2; ++r) m[mt][r] = m_init, d[mt][r] = 0.0f;
 #pragma unroll
       for (int n = 0; n < kNAcc; ++n)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[mt][n][j] = 0.0f;
     }
     const float c_exp = SM::exp_scale(p);
-    const float m_floor = C::kCapShift ? SM::cap_floor(p) : 0.0f;
 
     for (int32_t tile = 0; tile < n_tiles; ++tile) {
       // K of `tile` landed (and its V when a transform needs both); the stage refilled next was
@@ -169,13 +169,13 @@ struct PrefillMmaKernel {
       if constexpr (kByParts) {
         if (!skip) {
           part_scores<0>(s, qfrag, q_warp, ks_base, lane);
-          tile_parts<0>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp, m_floor);
+          tile_parts<0>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp);
         }
       } else {
         if (!skip) {
           compute_scores(s, qfrag, q_warp, ks_base, lane);
-          SM::logits(p, it, s, m, tile0, row0, g, t4, masked);
-          if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp, m_floor);
+          SM::logits(p, it, s, tile0, row0, g, t4, masked);
+          if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp);
           if constexpr (C::kPackP) pack_p(s, pp);
         }
         if constexpr (kSplitKV) {
@@ -213,14 +213,13 @@ struct PrefillMmaKernel {
   static __device__ __forceinline__ void tile_parts(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
                                                     PPacked& pp, float (&m)[MT][2], float (&d)[MT][2],
                                                     float (&acc)[MT][kNAcc][4], const char* vs_base, int32_t tile0,
-                                                    int row0, int lane, bool masked, float c_exp, float m_floor) {
+                                                    int row0, int lane, bool masked, float c_exp) {
     constexpr int N0 = I * kNT / kParts, N1 = (I + 1) * kNT / kParts;
-    SM::template logits<N0, N1>(p, it, s, m, tile0, row0, lane / 4, lane % 4, masked);
-    SM::template online_softmax<kNAcc, N0, N1>(s, m, d, acc, c_exp, m_floor);
+    SM::template logits<N0, N1>(p, it, s, tile0, row0, lane / 4, lane % 4, masked);
+    SM::template online_softmax<kNAcc, N0, N1>(s, m, d, acc, c_exp);
     if constexpr (C::kPackP) pack_p<N0, N1>(s, pp);
     accumulate_pv<N0, N1>(s, pp, acc, vs_base, lane);
-    if constexpr (I + 1 < kParts)
-      tile_parts<I + 1>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp, m_floor);
+    if constexpr (I + 1 < kParts) tile_parts<I + 1>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp);
   }
 
   // The decode shape's end: KV warps 1.. hand their states (m, the lane's partial d, O fragments)

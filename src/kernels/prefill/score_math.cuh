@@ -4,7 +4,7 @@
 //     when the variant has them (plain softmax variants keep raw scores: the scale is folded into
 //     the exponent, one FMA per score);
 //   - online softmax in log2 units with ex2.approx, the O rescale skipped when no row max moved
-//     (bf16 soft-cap: each row's maximum fixed at its first tile, kTuneCapShift).
+//     (bf16 soft-cap: one fixed shift instead of a row maximum, kTuneCapShift).
 #pragma once
 
 #include "kernels/prefill/tile_io.cuh"
@@ -65,10 +65,10 @@ struct ScoreMath {
   // -1 / (1 + 2^(x u)) in the scores, c L added to the LSE), so it keeps its log2-unit scores.
   static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax && C::FAST_TANH;
 
-  // Soft-cap's fixed reference (C::kCapShift; smem_layout.cuh says why it is safe): a row's m is
-  // set on the warp's first tile and never moves; its floor, in score units.
-  static __device__ __forceinline__ float cap_floor(const PrefillParams& p) {
-    return cap_reference_floor(p.variant.soft_cap * kLog2e) / exp_scale(p);
+  // Soft-cap's fixed shift (C::kCapShift; smem_layout.cuh says why it is safe): m holds the shift
+  // in score units from the start and never moves. The exact form folds it into its last FFMA.
+  static __device__ __forceinline__ float cap_shift(const PrefillParams& p) {
+    return cap_shift_log2(p.variant.soft_cap * kLog2e);
   }
 
   // The factor between a score as the softmax sees it and log2 units (raw scores: |sm_scale|
@@ -86,6 +86,7 @@ struct ScoreMath {
   struct Transform {
     float mul;         // soft-cap: u (exp form) or scale / c (tanh.approx); else scale L
     float cap;         // soft-cap: c L
+    float cap_bias;    // the exact soft-cap's constant term: c L, less the fixed shift under kCapShift
     float slope;       // ALiBi: slope L of the thread's rows (kOneHead)
     float slope_unit;  // ALiBi: L, or L / exp_scale in soft-cap's tanh units
     static constexpr float L = kSoftmax ? kLog2e : 1.0f;
@@ -93,6 +94,7 @@ struct ScoreMath {
     __device__ __forceinline__ explicit Transform(const PrefillParams& p) {
       const float scale = fabsf(p.variant.sm_scale);
       cap = (C::FEATURES & kSoftCap) ? p.variant.soft_cap * L : 1.0f;
+      cap_bias = C::kCapShift && !kCapUnits ? cap - cap_shift(p) : cap;
       if constexpr ((C::FEATURES & kSoftCap) != 0)
         mul = C::FAST_TANH ? scale / p.variant.soft_cap : scale * (2.0f * kLog2e) / p.variant.soft_cap;
       else
@@ -100,9 +102,8 @@ struct ScoreMath {
       slope = 0.0f;
       slope_unit = kCapUnits ? L / exp_scale(p) : L;
     }
-    // x: raw score; dist: key - query position as a float (ALiBi only); bias: the exact
-    // soft-cap's constant term, c L (less the row's m under kCapShift: row_bias).
-    __device__ __forceinline__ float operator()(float x, float row_slope, float dist, float bias) const {
+    // x: raw score; dist: key - query position as a float (ALiBi only).
+    __device__ __forceinline__ float operator()(float x, float row_slope, float dist) const {
       float y;
       if constexpr (kCapUnits) {
         y = fast_tanh<true>(x * mul);
@@ -110,18 +111,13 @@ struct ScoreMath {
         if constexpr (C::FAST_TANH) {
           y = cap * fast_tanh<true>(x * mul);
         } else {
-          y = fmaf(-2.0f * cap, fast_rcp(1.0f + fast_exp2(x * mul)), bias);
+          y = fmaf(-2.0f * cap, fast_rcp(1.0f + fast_exp2(x * mul)), cap_bias);
         }
       } else {
         y = x * mul;
       }
       if constexpr ((C::FEATURES & kAlibi) != 0) y = fmaf(row_slope, dist, y);
       return y;
-    }
-    // The exact soft-cap's bias for a row whose reference is m: m folded in once it is set
-    // (kCapShift; the warp's first tile subtracts it in the softmax instead).
-    __device__ __forceinline__ float row_bias(float m) const {
-      return C::kCapShift && !kCapUnits && m != -INFINITY ? cap - m : cap;
     }
   };
 
@@ -130,8 +126,7 @@ struct ScoreMath {
   // N0, N1: the n-tiles (8 keys each) to transform (one part of a tile under kTuneHalfTiles).
   template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
-                                                const float (&m)[MT][2], int32_t tile0, int row0, int g, int t4,
-                                                bool masked) {
+                                                int32_t tile0, int row0, int g, int t4, bool masked) {
     if (!kTransform && !masked) return;
     Transform tf(p);
     // ALiBi slope of a row's head. A thread's rows are g + 8 i apart from row0: with GH dividing 8
@@ -155,10 +150,9 @@ struct ScoreMath {
             float slope = tf.slope;
             if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
               slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
-            const float bias = tf.row_bias(m[mt][j / 2]);
 #pragma unroll
             for (int n = N0; n < N1; ++n) {
-              const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos), bias);
+              const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
               s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
             }
           }
@@ -175,13 +169,12 @@ struct ScoreMath {
         float slope = tf.slope;
         if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
           slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
-        const float bias = tf.row_bias(m[mt][j / 2]);
         // Every key visible: the transform only. (With ALiBi this second copy of the loop costs
         // an 8-byte spill at hd 128, group 4, and still measured 7.6% faster: 272 -> 293 TFLOP/s.)
         if (kTransform && !masked) {
 #pragma unroll
           for (int n = N0; n < N1; ++n) {
-            const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos), bias);
+            const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
             s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
           }
           continue;
@@ -212,7 +205,7 @@ struct ScoreMath {
           }
           float x = s[mt][n][j];
           if constexpr (kTransform) {
-            x = tf(x, slope, float(kv - q_pos), bias);
+            x = tf(x, slope, float(kv - q_pos));
             if constexpr (!kSoftmax) x = visible ? Variant::sigmoid_weight(p.variant, x) : 0.0f;
           }
           if constexpr (kSoftmax) x = visible ? x : -INFINITY;
@@ -225,34 +218,21 @@ struct ScoreMath {
   // rescale of d and O (skipped when no row of the warp moved), P = 2^(c s - c m) in place.
   // m is kept in score units; c = exp_scale(). With kRowSumMMA the row sums are acc's last
   // n-tile (the P V pass adds them), rescaled with O.
-  // m_floor: kCapShift's floor of m (cap_floor), unused elsewhere.
   template <int NACC, int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
-                                                        float (&acc)[MT][NACC][4], float c, float m_floor = 0.0f) {
+                                                        float (&acc)[MT][NACC][4], float c) {
     static_assert(C::kCapShift || (N0 == 0 && N1 == kNT), "a row maximum needs the whole tile");
-    if constexpr (C::kCapShift) {
-      // The warp's first tile (m unset: -inf in every row of the warp at once, so the branch and
-      // its shuffles are warp-uniform) sets each row's m: its maximum, at least the floor.
-      const bool first = m[0][0] == -INFINITY;
+    if constexpr (C::kCapShift) {  // P = 2^(c s - shift), m = shift / c throughout
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if (first) {
-            float mx = m_floor;
-#pragma unroll
-            for (int n = N0; n < N1; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            m[mt][r] = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          }
-          // Exact soft-cap after the first tile: m is in the scores already (row_bias).
-          const bool folded = !kCapUnits && !first;
-          const float neg_m = -m[mt][r] * c;
+          const float neg_shift = -m[mt][r] * c;
 #pragma unroll
           for (int n = N0; n < N1; ++n)
 #pragma unroll
             for (int j = 2 * r; j < 2 * r + 2; ++j) {
-              s[mt][n][j] = fast_exp2(folded ? s[mt][n][j] : fmaf(s[mt][n][j], c, neg_m));
+              s[mt][n][j] = fast_exp2(kCapUnits ? fmaf(s[mt][n][j], c, neg_shift) : s[mt][n][j]);
               if constexpr (!C::kRowSumMMA) d[mt][r] += s[mt][n][j];
             }
         }
