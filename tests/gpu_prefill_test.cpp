@@ -252,25 +252,45 @@ TEST(GpuPrefill, SoftCapWithLogitsAcrossTheCap) {
 }
 
 // bf16 soft-cap takes one fixed shift instead of a row maximum up to cap 54.7 (kTuneCapShift;
-// smem_layout.cuh): rows whose every logit sits near the bottom of the range (-0.9 cap: weights
-// down to 2^-87 before normalising) or near its top (+0.9 cap: up to 2^58), at the largest cap
-// that takes the shift and the smallest that does not, split and unsplit, ragged and paged.
+// smem_layout.cuh): rows whose every logit sits near the bottom of the range (-0.9 cap: a row's
+// largest weight near 2^-86) or near its top (+0.9 cap: up to 2^57), at the largest cap that takes
+// the shift and the smallest that does not (the host's choice is PrefillVariantEnv's), split and
+// unsplit, ragged and paged; then the shift's other paths: a sliding window (the masked tiles of
+// the tile by parts) and decode (one query per request: the decode shape, whose KV warps merge
+// states with the fixed reference).
 TEST(GpuPrefill, SoftCapShiftAtTheEdgesOfItsRange) {
   SKIP_WITHOUT_GPU();
+  auto edge_case = [](Rng& rng, float cap, float sign) {
+    AttnCase c = gpu_case(DType::bf16);
+    c.head_dim_qk = 128;
+    c.fill = Fill::aligned;  // q . k = 128 +- about 5: scaled to 1.5 cap +- 0.06 cap
+    c.lens = prefill_lens(rng, 3, 1, 2000, 300);
+    c.variant = kvattn::variants::causal().with_soft_cap(cap).with_sm_scale(sign * 1.5f * cap / 128.0f);
+    return c;
+  };
   for (float cap : {54.7f, 54.8f})
     for (float sign : {-1.0f, 1.0f})
       for (KVStore store : {KVStore::ragged, KVStore::paged}) {
         KVATTN_CASE_RNG(rng);
-        AttnCase c = gpu_case(DType::bf16);
-        c.head_dim_qk = 128;
-        c.fill = Fill::aligned;  // q . k = 128 +- about 6: scaled to 1.5 cap +- 0.07 cap
-        c.lens = prefill_lens(rng, 3, 1, 2000, 300);
-        c.variant = kvattn::variants::causal().with_soft_cap(cap).with_sm_scale(sign * 1.5f * cap / 128.0f);
+        AttnCase c = edge_case(rng, cap, sign);
         c.store = store;
         if (store == KVStore::paged) c.scheduler.fixed_split_size = 256;  // partial states and the merge
         SCOPED_TRACE(c.variant.describe());
         run_prefill_case(c, rng);
       }
+  for (float sign : {-1.0f, 1.0f}) {
+    KVATTN_CASE_RNG(rng);
+    AttnCase window = edge_case(rng, 50.0f, sign);
+    window.variant = window.variant.with_window(300);
+    window.store = KVStore::paged;
+    SCOPED_TRACE(window.variant.describe());
+    run_prefill_case(window, rng);
+    AttnCase decode = edge_case(rng, 50.0f, sign);
+    decode.lens = prefill_lens(rng, 24, 1, 3000, 1);
+    decode.store = KVStore::paged;
+    SCOPED_TRACE("decode " + decode.variant.describe());
+    run_prefill_case(decode, rng);
+  }
 }
 
 TEST(GpuPrefill, SplitSchedulesMatch) {

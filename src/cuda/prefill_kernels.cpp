@@ -50,7 +50,7 @@ std::string prefill_variant_for() {
 }
 
 namespace {
-// KVATTN_PREFILL_TUNING=<0-255> when set (an experiment knob).
+// KVATTN_PREFILL_TUNING=<0-2047> when set (an experiment knob).
 std::optional<uint32_t> tuning_knob() {
   using namespace kernels::prefill;
   const char* env = detail::knob("KVATTN_PREFILL_TUNING");

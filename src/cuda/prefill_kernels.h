@@ -54,7 +54,8 @@ struct PrefillKernelConfig {
 //   m2k48s3   4x2 k48 s3 b2       4x2 k48 s3 b2      8x1 k48 s2 b1
 // KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
 // The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-2047>
-// replaces them (an experiment knob, read at every plan; the soft-cap bits stay where they apply).
+// replaces them (an experiment knob, read at every plan), except that the soft-cap bits 256-1024
+// are cleared wherever the fixed shift does not apply, and a knob without 256 clears them all.
 struct PrefillTileShape {
   int warps, m_tiles, kv_tile, stages, min_blocks;
 };

@@ -44,13 +44,16 @@ namespace kvattn::kernels::prefill {
 //    P V uses (O a weighted mean of V rows). An experiment (session 13): hd 64 +3.5%, hd 128
 //    page 16 +4%, but the rest 2-9% slower, and the LSE then carries the weights' bf16 rounding
 //    (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no kernel takes it;
-//  - kTuneCapShift (bf16 soft-cap without ALiBi, caps up to cap_shift_max()): the weights are
-//    2^(y - shift) with one fixed shift (cap_shift_log2) instead of the running row maximum, so
+//  - kTuneCapShift (bf16 soft-cap without ALiBi, caps up to 54.7: cap_shift_fits): the weights
+//    are 2^(y - shift) with one fixed shift (cap_shift_log2) instead of the running row maximum
+//    (the lazy rescale's bit then does nothing), so
 //    the tile's chain S -> tanh -> exp has no maximum, no shuffle and no O rescale in it. The
 //    host sets it wherever it applies (cuda::choose_prefill_config) and clears it elsewhere;
 //  - kTuneHalfTiles (with kTuneCapShift): a tile in two halves of keys, Q K^T of both first, then
 //    each half's softmax and P V, so that one half's MUFU work overlaps the other's MMAs;
-//    kTuneQuarterTiles: four parts instead (session 16: hd 128 +5%, hd 256 +7%, hd 64 -3%).
+//    kTuneQuarterTiles: four parts instead (session 16: hd 256 +7%, tanh.approx hd 128 +5%;
+//    exact hd 128 -3%, hd 64 -3%). Parts are whole 16-key steps, so a 48-token tile goes whole
+//    and a 32-token one in halves whatever the bits say.
 enum PrefillTuning : unsigned {
   kTuneLazyRescale = 1u,
   kTuneSwizzleKV = 2u,
@@ -67,17 +70,20 @@ enum PrefillTuning : unsigned {
 };
 
 // Soft-cap's fixed shift, in log2 units of the logits y = c L tanh(x / c) in [-c L, c L] (c the
-// cap, L = log2 e). With P = 2^(y - shift):
+// cap, L = log2 e). With P = 2^(y - shift) and shift = max(0, c L - 64), for c L <= 79 (caps up to
+// 54.7):
 //  - no weight exceeds 2^(c L - shift) <= 2^64 (d and O stay far from f32's 2^128 for any
 //    kv_len x |v| below 2^64);
+//  - a row's largest weight is >= 2^(-c L - shift) >= 2^-94 (>= 2^-64 for caps up to 44), so
+//    O's products with |v| above 2^-32 stay normal;
 //  - a row's weights within 2^-32 of its largest are >= 2^(-c L - 32 - shift) >= 2^-126: normal
-//    in f32 and bf16 (ex2.approx.ftz flushes below that), so they keep full relative precision,
-//    and the ones flushed weigh under 2^-32 of the row's largest each.
-// Hence shift = min(c L, 94 - c L), for c L <= 79 (caps up to 54.7). f16 has no room for it: its
-// weights span 2^-24 to 2^16, less than one capped row's range.
+//    in f32 and bf16 (ex2.approx.ftz flushes below that), so they keep full relative precision;
+//    the ones flushed weigh under 2^-32 of the row's largest each (under kv_len x 2^-32 together).
+// The shift centres the weights' range on 1 where it can. f16 has no room for it: its weights
+// span 2^-24 to 2^16, less than one capped row's range.
 constexpr float kCapShiftMaxLog2 = 79.0f;
 constexpr bool cap_shift_fits(float cap_log2) { return cap_log2 > 0.0f && cap_log2 <= kCapShiftMaxLog2; }
-constexpr float cap_shift_log2(float cap_log2) { return cap_log2 < 94.0f - cap_log2 ? cap_log2 : 94.0f - cap_log2; }
+constexpr float cap_shift_log2(float cap_log2) { return cap_log2 > 64.0f ? cap_log2 - 64.0f : 0.0f; }
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
 // Whether the swizzle applies: K/V copied as they are (no conversion, no RoPE) in rows of whole
