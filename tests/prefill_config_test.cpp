@@ -412,8 +412,8 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   }
   EXPECT_TRUE(cap_shift_fits(79.0f));
   EXPECT_FALSE(cap_shift_fits(79.01f));
-  EXPECT_FLOAT_EQ(cap_shift_log2(43.0f), 0.0f);  // cap 30: weights in [2^-43, 2^43]
-  EXPECT_FLOAT_EQ(cap_shift_log2(72.0f), 8.0f);  // cap 50: weights <= 2^64, a row's largest >= 2^-80
+  EXPECT_FLOAT_EQ(cap_shift_log2(43.0f), 43.0f);  // cap 30: weights <= 1
+  EXPECT_FLOAT_EQ(cap_shift_log2(72.0f), 22.0f);  // cap 50: weights <= 2^50, a row's largest >= 2^-94
   // The fp8 KV kernels compute in bf16 too.
   EXPECT_NE(choose_prefill_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, true, 16, kSoftCap, 4096,
                                   227 * 1024, false, 50.0f).tuning & kTuneCapShift, 0u);

@@ -70,20 +70,20 @@ enum PrefillTuning : unsigned {
 };
 
 // Soft-cap's fixed shift, in log2 units of the logits y = c L tanh(x / c) in [-c L, c L] (c the
-// cap, L = log2 e). With P = 2^(y - shift) and shift = max(0, c L - 64), for c L <= 79 (caps up to
-// 54.7):
+// cap, L = log2 e). With P = 2^(y - shift) and shift = min(c L, 94 - c L), for c L <= 79 (caps up
+// to 54.7):
 //  - no weight exceeds 2^(c L - shift) <= 2^64 (d and O stay far from f32's 2^128 for any
 //    kv_len x |v| below 2^64);
-//  - a row's largest weight is >= 2^(-c L - shift) >= 2^-94 (>= 2^-64 for caps up to 44), so
-//    O's products with |v| above 2^-32 stay normal;
 //  - a row's weights within 2^-32 of its largest are >= 2^(-c L - 32 - shift) >= 2^-126: normal
 //    in f32 and bf16 (ex2.approx.ftz flushes below that), so they keep full relative precision;
-//    the ones flushed weigh under 2^-32 of the row's largest each (under kv_len x 2^-32 together).
-// The shift centres the weights' range on 1 where it can. f16 has no room for it: its weights
-// span 2^-24 to 2^16, less than one capped row's range.
+//    the ones flushed weigh under 2^-32 of the row's largest each (under kv_len x 2^-32 together);
+//  - a row's largest weight is >= 2^(-c L - shift) >= 2^-94, so O's products with |v| above 2^-32
+//    stay normal. (max(0, c L - 64) would keep it >= 2^-64 up to cap 44, 2^-43 at cap 30, with
+//    the same two bounds above; not yet run on a GPU: NOTES.md, session 16.)
+// f16 has no room for it: its weights span 2^-24 to 2^16, less than one capped row's range.
 constexpr float kCapShiftMaxLog2 = 79.0f;
 constexpr bool cap_shift_fits(float cap_log2) { return cap_log2 > 0.0f && cap_log2 <= kCapShiftMaxLog2; }
-constexpr float cap_shift_log2(float cap_log2) { return cap_log2 > 64.0f ? cap_log2 - 64.0f : 0.0f; }
+constexpr float cap_shift_log2(float cap_log2) { return cap_log2 < 94.0f - cap_log2 ? cap_log2 : 94.0f - cap_log2; }
 
 constexpr int pitch_bytes(int row_bytes) { return ((row_bytes / 16) | 1) * 16; }
 // Whether the swizzle applies: K/V copied as they are (no conversion, no RoPE) in rows of whole
