@@ -19,6 +19,7 @@ namespace {
 using kvattn::DType;
 using kvattn::cuda::choose_prefill_config;
 using kvattn::cuda::prefill_smem_bytes;
+using kvattn::cuda::TanhForm;
 
 TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   auto c = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096);
@@ -320,6 +321,7 @@ TEST_F(PrefillVariantEnv, EveryVariantFitsItsCTAsPerSM) {
 TEST_F(PrefillVariantEnv, SoftCapTakesTheTunedK64Kernel) {
   using kvattn::kernels::kCausal;
   using kvattn::kernels::kSoftCap;
+  ::setenv("KVATTN_PREFILL_TANH", "exact", 1);
   auto cap = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap, 16384);
   EXPECT_EQ(cap.name(), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t5");
   EXPECT_LE(prefill_smem_bytes(cap) + 1024, 228 * 1024 / cap.min_blocks);
@@ -351,7 +353,12 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kCustomMask, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::e4m3, kCausal, 16384, 4), uint32_t(kTuneLazyRescale));
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kRope, 16384, 4), uint32_t(kTuneLazyRescale));
+  // Soft-cap without a known cap (no fixed shift): tanh.approx (the long shape's default) adds P
+  // packed early and the lean copies; the exact form keeps the lazy rescale and the unrolled Q K^T.
+  EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled | kTunePackP | kTuneLeanCopies);
+  ::setenv("KVATTN_PREFILL_TANH", "exact", 1);
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kSoftCap), lazy_unrolled);
+  ::unsetenv("KVATTN_PREFILL_TANH");
   // ALiBi transforms a mask-free tile in one block (measured faster); soft-cap and sigmoid do not.
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kvattn::kernels::kAlibi, 16384, 4, false),
             lazy_unrolled | kTuneWholeTileTransform);
@@ -417,15 +424,19 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   // The fp8 KV kernels compute in bf16 too.
   EXPECT_NE(choose_prefill_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, true, 16, kSoftCap, 4096,
                                   227 * 1024, false, 50.0f).tuning & kTuneCapShift, 0u);
-  auto name = choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap,
-                                    16384, 227 * 1024, false, 30.0f).name();
-  EXPECT_EQ(name, "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t863");
+  auto name = [](TanhForm tanh) {
+    return choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap,
+                                 16384, 227 * 1024, false, 30.0f, tanh).name();
+  };
+  EXPECT_EQ(name(TanhForm::by_shape), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_tanhx_t1887");
+  EXPECT_EQ(name(TanhForm::exact), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t863");
   // The long shape's bits with the shift (measured, session 16): the five bits, the whole-tile
   // transform and halves; quarters above hd 128 and with tanh.approx; fp8, RoPE, custom masks and
   // f16 keep their bits (with the shift where it applies), short and decode shapes add the shift.
   auto bits = [](DType q, DType kv, int hd, uint32_t features, int64_t qo = 16384, int group = 1) {
     return choose_prefill_config(q, kv, q, hd, hd, group, false, 0, features, qo, 227 * 1024, false, 30.0f).tuning;
   };
+  ::setenv("KVATTN_PREFILL_TANH", "exact", 1);
   const uint32_t halves = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies |
                           kTuneWholeTileTransform | kTuneCapShift | kTuneHalfTiles;
   EXPECT_EQ(bits(DType::bf16, DType::bf16, 64, kCausal | kSoftCap), halves);
@@ -438,15 +449,41 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   EXPECT_EQ(bits(DType::f16, DType::f16, 128, kCausal | kSoftCap), uint32_t(kTuneLazyRescale | kTuneUnrollQK));
   EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 20), uint32_t(kTuneCapShift));
   EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 1, 4) & kTuneHalfTiles, 0u);  // decode shape
-  ::setenv("KVATTN_PREFILL_TANH", "approx", 1);
-  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap), halves | kTuneQuarterTiles);
-  ::unsetenv("KVATTN_PREFILL_TANH");
+  ::unsetenv("KVATTN_PREFILL_TANH");  // the long shape's tanh.approx: quarters at every head dim
+  for (int hd : {64, 128, 256}) EXPECT_EQ(bits(DType::bf16, DType::bf16, hd, kCausal | kSoftCap), halves | kTuneQuarterTiles);
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 20), uint32_t(kTuneCapShift));
   ::setenv("KVATTN_PREFILL_TUNING", "5", 1);  // clears it
   EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 30.0f));
   ::setenv("KVATTN_PREFILL_TUNING", "261", 1);
   EXPECT_TRUE(shifted(DType::bf16, kSoftCap, 30.0f));
   EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 60.0f));  // cannot force it past its range
   ::unsetenv("KVATTN_PREFILL_TUNING");
+}
+
+// Soft-cap's tanh by default: tanh.approx on the long shape (MUFU-bound), exact on the short and
+// decode shapes (memory-bound); KVATTN_PREFILL_TANH forces one form on every shape, and an explicit
+// TanhForm (the presets' exact twins) overrides both.
+TEST_F(PrefillVariantEnv, SoftCapTanhFormByShape) {
+  using kvattn::kernels::kSoftCap;
+  auto approx = [](int64_t qo, int group, TanhForm tanh = TanhForm::by_shape) {
+    return choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, group, true, 16, kSoftCap, qo,
+                                 227 * 1024, false, 30.0f, tanh).fast_tanh;
+  };
+  EXPECT_TRUE(approx(16384, 1));
+  EXPECT_TRUE(approx(16, 4));    // 64 packed rows: the long shape
+  EXPECT_FALSE(approx(20, 1));   // short
+  EXPECT_FALSE(approx(1, 4));    // decode
+  EXPECT_FALSE(approx(16384, 1, TanhForm::exact));
+  EXPECT_TRUE(approx(20, 1, TanhForm::approx));
+  ::setenv("KVATTN_PREFILL_TANH", "exact", 1);
+  EXPECT_FALSE(approx(16384, 1));
+  EXPECT_TRUE(approx(16384, 1, TanhForm::approx));
+  ::setenv("KVATTN_PREFILL_TANH", "approx", 1);
+  EXPECT_TRUE(approx(20, 1));
+  EXPECT_TRUE(approx(1, 4));
+  EXPECT_FALSE(approx(16384, 1, TanhForm::exact));
+  // Without soft-cap there is no tanh to name.
+  EXPECT_FALSE(choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, true, 16, 1, 16384).fast_tanh);
 }
 
 TEST_F(PrefillVariantEnv, FastTanhOnlyNamesSoftCapKernels) {

@@ -195,6 +195,57 @@ TEST(ValidationPlan, Prefill) {
   EXPECT_KVATTN_ERROR(op.plan(p), "kv_indptr is not non-decreasing at 2: kv_indptr[1] = 5, kv_indptr[2] = 4");
 }
 
+// In CUDA-graph mode a captured run() replays the kernels and values it captured: a re-plan may
+// change the batch but not the shape or the variant's values (check_graph_replan; the same on the
+// CPU backend). Each refused re-plan keeps the previous plan, and a plan outside graph mode is free.
+TEST(ValidationPlan, GraphModeReplanKeepsShapeAndVariant) {
+  DecodeSetup d;
+  kvattn::BatchDecodePlan base = d.plan();
+  base.variant = kvattn::variants::soft_cap(30.0f).with_sm_scale(0.125f);
+  base.scheduler.cuda_graph = kvattn::GraphCapacity{4, 64};
+  kvattn::BatchDecode op;
+  ASSERT_NO_THROW(op.plan(base));
+  HostTensor indptr1 = int32_tensor({0, 3}), last1 = int32_tensor({7});
+  auto other_batch = base;  // one request of 39 tokens: allowed
+  other_batch.page_table = {indptr1.view(), d.indices.view(), last1.view()};
+  EXPECT_NO_THROW(op.plan(other_batch));
+  auto expect = [&](auto edit, const char* msg) {
+    auto p = base;
+    edit(p);
+    EXPECT_KVATTN_ERROR(op.plan(p), msg);
+  };
+  using P = kvattn::BatchDecodePlan;
+  expect([](P& p) { p.variant = p.variant.with_sm_scale(0.25f); },
+         "BatchDecode in CUDA-graph mode cannot change sm_scale (with q_scale and k_scale folded in) (was 0.125, "
+         "now 0.25) between plans (a captured run() replays what it captured; plan on a new object to change it)");
+  expect([](P& p) { p.variant.k_scale = 2.0f; }, "cannot change sm_scale (with q_scale and k_scale folded in) (was 0.125, now 0.25)");
+  expect([](P& p) { p.variant.logits_soft_cap = 50.0f; }, "cannot change logits_soft_cap (was 30, now 50)");
+  expect([](P& p) { p.variant.v_scale = 0.5f; }, "cannot change v_scale (was 1, now 0.5)");
+  expect([](P& p) { p.variant = p.variant.with_window(64); },
+         "BatchDecode in CUDA-graph mode cannot change the variant (was soft_cap(30)+sm_scale(0.125), now "
+         "window(64)+soft_cap(30)+sm_scale(0.125))");
+  expect([](P& p) { p.num_qo_heads = 4; }, "cannot change num_qo_heads (was 8, now 4)");
+  expect([](P& p) { p.head_dim_qk = 64; }, "cannot change head_dim_qk (was 32, now 64)");
+  expect([](P& p) { p.o_dtype = DType::f32; }, "cannot change o_dtype (was f16, now f32)");
+  EXPECT_NO_THROW(op.plan(base));  // the refused plans left the graph-mode plan in place
+  auto eager = base;  // leaving graph mode frees the values
+  eager.scheduler.cuda_graph.reset();
+  eager.variant = eager.variant.with_sm_scale(0.25f);
+  EXPECT_NO_THROW(op.plan(eager));
+  // BatchPrefill (and BlockSparseAttention) check the same.
+  HostTensor qo = int32_tensor({0, 2, 5}), kv = int32_tensor({0, 4, 9});
+  kvattn::BatchPrefillPlan prefill;
+  static_cast<kvattn::AttentionShape&>(prefill) = base_shape();
+  prefill.qo_indptr = qo.view();
+  prefill.kv_indptr = kv.view();
+  prefill.variant = kvattn::variants::causal();
+  prefill.scheduler.cuda_graph = kvattn::GraphCapacity{4, 64};
+  kvattn::BatchPrefill pre;
+  ASSERT_NO_THROW(pre.plan(prefill));
+  prefill.variant = kvattn::variants::causal().with_window(16);
+  EXPECT_KVATTN_ERROR(pre.plan(prefill), "BatchPrefill in CUDA-graph mode cannot change the variant (was causal, now causal+window(16))");
+}
+
 TEST(ValidationPlan, CustomMask) {
   // Two requests of qo x kv = 2 x 4 (1 byte) and 3 x 4 (12 bits, 2 bytes).
   HostTensor qo = int32_tensor({0, 2, 5}), kv = int32_tensor({0, 4, 8});

@@ -411,6 +411,7 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
   plan->variant = detail::make_variant_params(plan->shape);
+  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
   const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
   const auto table = plan_page_table(*plan, params.page_table, params.page_size, gpu);
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
@@ -492,6 +493,7 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   auto plan = std::make_unique<AttentionPlan>();
   plan->shape = detail::resolve_shape(params);
   plan->variant = detail::make_variant_params(plan->shape);
+  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchPrefill");
   if (params.page_table) {
     KVATTN_CHECK(!params.kv_indptr.defined(),
                  "give either kv_indptr (ragged KV) or page_table (paged KV), not both");
@@ -612,6 +614,7 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BlockSparseAttention; the BSR is the mask");
   plan->variant = detail::make_variant_params(plan->shape);
+  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BlockSparseAttention");
   const BSRMatrix& m = params.bsr;
   KVATTN_CHECK(m.R >= 1 && m.C >= 1, "bsr block size R x C = ", m.R, " x ", m.C,
                " must be at least 1 x 1");

@@ -1,6 +1,7 @@
 #include "core/attention_plan.h"
 
 #include <cmath>
+#include <utility>
 
 #include "kvattn/error.h"
 
@@ -77,6 +78,41 @@ kernels::VariantParams make_variant_params(const ResolvedShape& s) {
     }
   }
   return p;
+}
+
+void check_graph_replan(const AttentionPlan* previous, const AttentionPlan& next,
+                        const SchedulerOptions& scheduler, const char* api) {
+  if (!previous || !previous->scheduler.cuda_graph || !scheduler.cuda_graph) return;
+  const ResolvedShape &a = previous->shape, &b = next.shape;
+  const char* why = " between plans (a captured run() replays what it captured; plan on a new object to change it)";
+  const std::pair<const char*, DType> dtypes[][2] = {{{"q_dtype", a.q_dtype}, {"", b.q_dtype}},
+                                                     {{"kv_dtype", a.kv_dtype}, {"", b.kv_dtype}},
+                                                     {{"o_dtype", a.o_dtype}, {"", b.o_dtype}}};
+  for (const auto& d : dtypes)
+    KVATTN_CHECK(d[0].second == d[1].second, api, " in CUDA-graph mode cannot change ", d[0].first, " (was ",
+                 dtype_name(d[0].second), ", now ", dtype_name(d[1].second), ")", why);
+  const kernels::VariantParams &u = previous->variant, &v = next.variant;
+  KVATTN_CHECK(u.features == v.features, api, " in CUDA-graph mode cannot change the variant (was ",
+               a.variant.describe(), ", now ", b.variant.describe(), ")", why);
+  const std::pair<const char*, double> values[][2] = {
+      {{"num_qo_heads", a.num_qo_heads}, {"", b.num_qo_heads}},
+      {{"num_kv_heads", a.num_kv_heads}, {"", b.num_kv_heads}},
+      {{"head_dim_qk", a.head_dim_qk}, {"", b.head_dim_qk}},
+      {{"head_dim_vo", a.head_dim_vo}, {"", b.head_dim_vo}},
+      {{"sm_scale (with q_scale and k_scale folded in)", u.sm_scale}, {"", v.sm_scale}},
+      {{"v_scale", u.v_scale}, {"", v.v_scale}},
+      {{"logits_soft_cap", u.soft_cap}, {"", v.soft_cap}},
+      {{"window_left", u.window_left}, {"", v.window_left}},
+      {{"sigmoid_bias", u.sigmoid_bias}, {"", v.sigmoid_bias}},
+      {{"rope_scale", u.rope_scale}, {"", v.rope_scale}},
+      {{"rope_theta", u.rope_theta}, {"", v.rope_theta}},
+      {{"llama31.factor", u.llama31_factor}, {"", v.llama31_factor}},
+      {{"llama31.low_freq_factor", u.llama31_low_freq_factor}, {"", v.llama31_low_freq_factor}},
+      {{"llama31.high_freq_factor", u.llama31_high_freq_factor}, {"", v.llama31_high_freq_factor}},
+      {{"llama31.original_max_position", u.llama31_original_max_position}, {"", v.llama31_original_max_position}}};
+  for (const auto& x : values)
+    KVATTN_CHECK(x[0].second == x[1].second, api, " in CUDA-graph mode cannot change ", x[0].first, " (was ",
+                 x[0].second, ", now ", x[1].second, ")", why);
 }
 
 }  // namespace kvattn::detail

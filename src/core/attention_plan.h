@@ -69,4 +69,12 @@ struct AttentionPlan {
   int64_t total_q_rows() const { return qo_indptr.back(); }
 };
 
+// In CUDA-graph mode a captured run() replays the kernels and parameter values of the plan it
+// captured, so between two graph-mode plans only the batch may change (lengths, page ids, mask
+// bits), not the shape (heads, head dims, dtypes) or the variant's values. Throws kvattn::Error
+// naming the first field that changed; `api` names the caller ("BatchPrefill"). Enforced on the CPU
+// backend too, so that the contract is the same everywhere (and tested without a GPU).
+void check_graph_replan(const AttentionPlan* previous, const AttentionPlan& next,
+                        const SchedulerOptions& scheduler, const char* api);
+
 }  // namespace kvattn::detail

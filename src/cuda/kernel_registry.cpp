@@ -95,6 +95,10 @@ std::vector<RegisteredKernel> prefill_kernels() {
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal, 8);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, 0, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kSoftCap, 4096);
+  // The long soft-cap kernel's exact-tanh form too (KVATTN_PREFILL_TANH=exact), so CI compiles both.
+  add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                                kernels::kCausal | kernels::kSoftCap, 4096, 227 * 1024, false,
+                                                kPresetSoftCap, TanhForm::exact));
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kSlidingWindow, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kAlibi, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCustomMask, 4096);
@@ -118,12 +122,16 @@ std::vector<RegisteredKernel> prefill_bench_kernels() {
     for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);
   add(128, true, 16, kernels::kCausal);
   add(128, true, 1, kernels::kCausal);
-  add(128, false, 16, kernels::kCausal | kernels::kSoftCap);
-  add(64, false, 16, kernels::kCausal | kernels::kSoftCap);
-  add(256, false, 16, kernels::kCausal | kernels::kSoftCap);
-  add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                                kernels::kCausal | kernels::kSoftCap, 16384, 227 * 1024, false,
-                                                kPresetSoftCap));
+  // Soft-cap in both tanh forms (tanh.approx is the long shape's default; KVATTN_PREFILL_TANH=exact).
+  for (TanhForm tanh : {TanhForm::approx, TanhForm::exact}) {
+    for (int hd : {128, 64, 256})
+      add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, false, 16,
+                                                    kernels::kCausal | kernels::kSoftCap, 16384, 227 * 1024, false,
+                                                    kPresetSoftCap, tanh));
+    add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                                  kernels::kCausal | kernels::kSoftCap, 16384, 227 * 1024, false,
+                                                  kPresetSoftCap, tanh));
+  }
   add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
                                                 kernels::kCausal, 16384));
   return out;

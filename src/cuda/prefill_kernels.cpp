@@ -172,7 +172,8 @@ void set_cap_shift(PrefillKernelConfig& c, float soft_cap) {
 
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
                                           bool paged, int page_size, uint32_t features, int64_t max_qo_len,
-                                          int64_t max_smem_per_block, bool uniform_decode, float soft_cap) {
+                                          int64_t max_smem_per_block, bool uniform_decode, float soft_cap,
+                                          TanhForm tanh) {
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU prefill kernels (a multiple of 16 up to 256)");
@@ -197,7 +198,14 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   const std::string tanh_mode = tanh_env ? tanh_env : "";
   KVATTN_CHECK(tanh_mode.empty() || tanh_mode == "exact" || tanh_mode == "approx",
                "KVATTN_PREFILL_TANH is exact or approx, not '", tanh_mode, "'");
-  c.fast_tanh = (features & kernels::kSoftCap) && tanh_mode == "approx";
+  // Soft-cap's tanh: tanh.approx.f32 (one MUFU op, FlashInfer's form) on the long shape, where
+  // the MUFU pipe bounds the kernel (hd 128: 5% cost against the exact form's 12%, session 16);
+  // the exact ex2 + rcp form on the short and decode shapes, which memory bounds (it costs nothing
+  // there). KVATTN_PREFILL_TANH=exact|approx forces one form on every shape.
+  if (tanh == TanhForm::by_shape && !tanh_mode.empty())
+    tanh = tanh_mode == "exact" ? TanhForm::exact : TanhForm::approx;
+  const bool soft_capped = (features & kernels::kSoftCap) != 0;
+  c.fast_tanh = soft_capped && tanh == TanhForm::approx;
   const bool wide = std::max(dqk, dvo) > 128;
   const int max_warps = wide ? 4 : 8;
   c.heads_per_cta = 1;
@@ -212,6 +220,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_tile = s.kv_tile;
     c.stages = s.stages;
     c.min_blocks = s.min_blocks;
+    c.fast_tanh = soft_capped && tanh != TanhForm::exact;
     c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged, c.fast_tanh);
     // (Measured with 2-byte K/V as it lands; fp8, RoPE and custom masks keep their bits and the shift.)
     if (!tuning_knob() && cap_shift_applies(q, features, soft_cap) && kv == q &&

@@ -52,7 +52,8 @@ struct PrefillKernelConfig {
 //   m2w8      8x2 k64 s2 b1       8x2 k32 s2 b1      8x1 k64 s2 b1
 //   m2k48     4x2 k48 s3 b2       4x2 k48 s2 b2      8x1 k48 s2 b1
 //   m2k48s3   4x2 k48 s3 b2       4x2 k48 s3 b2      8x1 k48 s2 b1
-// KVATTN_PREFILL_TANH=approx makes soft-cap use tanh.approx.f32 (default exact: ex2 + rcp).
+// Soft-cap's tanh is tanh.approx.f32 on the long shapes (relative error <= 2^-10.987, as FlashInfer)
+// and exact (ex2 + rcp) on the short and decode shapes; KVATTN_PREFILL_TANH=exact|approx forces one.
 // The long shapes also take tuning bits (prefill_tuning_for); KVATTN_PREFILL_TUNING=<0-2047>
 // replaces them (an experiment knob, read at every plan), except that the soft-cap bits 256-1024
 // are cleared wherever the fixed shift does not apply, and a knob without 256 clears them all.
@@ -95,11 +96,16 @@ uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo,
 //  - bf16 soft-cap (without ALiBi) with 0 < soft_cap <= 54.7 (cap_shift_fits; the variant's
 //    value, 0 when unknown) takes kTuneCapShift unless KVATTN_PREFILL_TUNING clears it; every
 //    other kernel has it cleared.
+//  - soft-cap's tanh: `tanh` by_shape takes tanh.approx on the long shape and the exact form on
+//    the others unless KVATTN_PREFILL_TANH forces one; exact and approx force one (the presets
+//    compile both forms of the long kernel).
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
+enum class TanhForm { by_shape, exact, approx };
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,
                                           int group_size, bool paged, int page_size, uint32_t features,
                                           int64_t max_qo_len, int64_t max_smem_per_block = 227 * 1024,
-                                          bool uniform_decode = false, float soft_cap = 0.0f);
+                                          bool uniform_decode = false, float soft_cap = 0.0f,
+                                          TanhForm tanh = TanhForm::by_shape);
 
 // The decode shape: KV warps, tokens per warp, stages and CTAs per SM (__launch_bounds__'s minimum)
 // of a one-M-warp kernel. By default (H200, session 15, PERFORMANCE.md) 4 warps x 16 tokens at 3
