@@ -449,8 +449,18 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   EXPECT_EQ(bits(DType::f16, DType::f16, 128, kCausal | kSoftCap), uint32_t(kTuneLazyRescale | kTuneUnrollQK));
   EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 20), uint32_t(kTuneCapShift));
   EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 1, 4) & kTuneHalfTiles, 0u);  // decode shape
-  ::unsetenv("KVATTN_PREFILL_TANH");  // the long shape's tanh.approx: quarters at every head dim
-  for (int hd : {64, 128, 256}) EXPECT_EQ(bits(DType::bf16, DType::bf16, hd, kCausal | kSoftCap), halves | kTuneQuarterTiles);
+  ::unsetenv("KVATTN_PREFILL_TANH");  // the long shape's tanh.approx: quarters, but halves on two stages at hd 64
+  for (int hd : {128, 256}) EXPECT_EQ(bits(DType::bf16, DType::bf16, hd, kCausal | kSoftCap), halves | kTuneQuarterTiles);
+  EXPECT_EQ(bits(DType::bf16, DType::bf16, 64, kCausal | kSoftCap), halves);
+  auto stages = [](int hd, uint32_t features) {
+    return choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, false, 0, features, 16384,
+                                 227 * 1024, false, 30.0f).stages;
+  };
+  EXPECT_EQ(stages(64, kCausal | kSoftCap), 2);
+  EXPECT_EQ(stages(64, kCausal), 3);  // m2k64's three at hd 64 otherwise
+  ::setenv("KVATTN_PREFILL_TANH", "exact", 1);
+  EXPECT_EQ(stages(64, kCausal | kSoftCap), 3);
+  ::unsetenv("KVATTN_PREFILL_TANH");
   EXPECT_EQ(bits(DType::bf16, DType::bf16, 128, kCausal | kSoftCap, 20), uint32_t(kTuneCapShift));
   ::setenv("KVATTN_PREFILL_TUNING", "5", 1);  // clears it
   EXPECT_FALSE(shifted(DType::bf16, kSoftCap, 30.0f));

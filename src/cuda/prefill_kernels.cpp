@@ -148,12 +148,14 @@ bool cap_shift_applies(DType q, uint32_t features, float soft_cap) {
 // 16k causal): the five bits, the whole-tile transform and the tile in halves (863): hd 64 179.7
 // (no shift) -> 215.0, hd 128 305.6 -> 329.5, 32/8 302.7 -> 326.2; above hd 128 in quarters (1887:
 // hd 256 at cap 50 237.0 -> 307.8, its plain twin 294.6). tanh.approx in quarters everywhere
-// (hd 128 341 -> 359 over its bits 285, hd 256 261 -> 321; hd 64 equal).
+// (hd 128 341 -> 359 over its bits 285, hd 256 261 -> 321) except at hd 64, where halves on two
+// stages run faster (session 17, call 3: 252 in quarters on three stages, 264 in halves on two;
+// choose_prefill_config sets the stages).
 uint32_t shifted_soft_cap_tuning(int head_dim, bool fast_tanh) {
   using namespace kernels::prefill;
   const uint32_t halves = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies |
                           kTuneWholeTileTransform | kTuneCapShift | kTuneHalfTiles;
-  return halves | (fast_tanh || head_dim > 128 ? uint32_t(kTuneQuarterTiles) : 0u);
+  return halves | ((fast_tanh && head_dim > 64) || head_dim > 128 ? uint32_t(kTuneQuarterTiles) : 0u);
 }
 
 // Sets or clears the fixed shift where it applies. A knob that sets the bit elsewhere is
@@ -224,8 +226,11 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged, c.fast_tanh);
     // (Measured with 2-byte K/V as it lands; fp8, RoPE and custom masks keep their bits and the shift.)
     if (!tuning_knob() && cap_shift_applies(q, features, soft_cap) && kv == q &&
-        !(features & (kernels::kRope | kernels::kCustomMask)))
+        !(features & (kernels::kRope | kernels::kCustomMask))) {
       c.tuning = shifted_soft_cap_tuning(std::max(dqk, dvo), c.fast_tanh);
+      // tanh.approx at hd 64: two stages (call 3 above; the exact form gains nothing from it).
+      if (c.fast_tanh && std::max(dqk, dvo) <= 64 && !detail::knob("KVATTN_PREFILL_VARIANT")) c.stages = 2;
+    }
     // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);
