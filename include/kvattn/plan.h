@@ -63,7 +63,10 @@ struct TileShape {
 // max_tokens tokens can have) + max_split_items, merge entries = max_split_items, partial slots
 // = 2 x max_split_items. Padding items are inactive (worker -1), unused merge entries have
 // request -1, and a re-plan with new lengths rewrites the same buffers (a Planner's data pointers
-// stay put); a batch over the capacity is an error, and the split search keeps within it.
+// stay put); a batch over the capacity is an error, and the split search keeps within it. A
+// captured run() also replays the kernel and the variant's values it captured, so the attention
+// wrappers refuse a graph-mode re-plan that changes the shape (heads, head dims, dtypes) or the
+// variant (features, scales, soft-cap, window, RoPE constants): plan on a new object for that.
 struct GraphCapacity {
   int32_t max_batch = 0;         // requests
   int64_t max_tokens = 0;        // query tokens, all requests together
