@@ -383,8 +383,8 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), 0u);
   ::setenv("KVATTN_PREFILL_TUNING", "255", 1);
   EXPECT_EQ(tuning(128, 128, DType::bf16, 0), 255u);
-  ::setenv("KVATTN_PREFILL_TUNING", "2047", 1);  // the soft-cap bits are cleared where they do not apply
-  EXPECT_EQ(tuning(128, 128, DType::bf16, 0), 255u);
+  ::setenv("KVATTN_PREFILL_TUNING", "2047", 1);  // the shift is cleared where it does not apply; the parts stay
+  EXPECT_EQ(tuning(128, 128, DType::bf16, 0), 2047u & ~uint32_t(kTuneCapShift));
   ::setenv("KVATTN_PREFILL_TUNING", "2048", 1);
   EXPECT_KVATTN_ERROR(tuning(128, 128, DType::bf16, 0), "KVATTN_PREFILL_TUNING is a number 0-2047, not '2048'");
   ::setenv("KVATTN_PREFILL_TUNING", "x", 1);

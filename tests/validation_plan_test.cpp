@@ -227,6 +227,13 @@ TEST(ValidationPlan, GraphModeReplanKeepsShapeAndVariant) {
   expect([](P& p) { p.num_qo_heads = 4; }, "cannot change num_qo_heads (was 8, now 4)");
   expect([](P& p) { p.head_dim_qk = 64; }, "cannot change head_dim_qk (was 32, now 64)");
   expect([](P& p) { p.o_dtype = DType::f32; }, "cannot change o_dtype (was f16, now f32)");
+  expect([](P& p) { p.page_size = 8; }, "cannot change page_size (was 16, now 8)");
+  expect([](P& p) { p.scheduler.cuda_graph->max_tokens = 128; }, "cannot change cuda_graph.max_tokens (was 64, now 128)");
+  expect([](P& p) { p.scheduler.num_workers = 3; }, "cannot change num_workers (was 0, now 3)");
+  // A value the variant does not read may change (sigmoid's bias without sigmoid).
+  auto unread = base;
+  unread.variant.sigmoid_bias = 2.0f;
+  EXPECT_NO_THROW(op.plan(unread));
   EXPECT_NO_THROW(op.plan(base));  // the refused plans left the graph-mode plan in place
   auto eager = base;  // leaving graph mode frees the values
   eager.scheduler.cuda_graph.reset();
@@ -244,6 +251,20 @@ TEST(ValidationPlan, GraphModeReplanKeepsShapeAndVariant) {
   ASSERT_NO_THROW(pre.plan(prefill));
   prefill.variant = kvattn::variants::causal().with_window(16);
   EXPECT_KVATTN_ERROR(pre.plan(prefill), "BatchPrefill in CUDA-graph mode cannot change the variant (was causal, now causal+window(16))");
+  prefill.variant = kvattn::variants::causal();
+  prefill.kv_indptr = TensorView{};
+  prefill.page_table = d.plan().page_table;
+  prefill.page_size = 16;
+  EXPECT_KVATTN_ERROR(pre.plan(prefill), "BatchPrefill in CUDA-graph mode cannot change the KV layout (was ragged, now paged)");
+  HostTensor bsr_indptr = int32_tensor({0, 2, 3}), bsr_indices = int32_tensor({0, 3, 1});
+  kvattn::BlockSparsePlan sparse;
+  static_cast<kvattn::AttentionShape&>(sparse) = base_shape();
+  sparse.bsr = {bsr_indptr.view(), bsr_indices.view(), 8, 16, 4, 4};
+  sparse.scheduler.cuda_graph = kvattn::GraphCapacity{4, 64};
+  kvattn::BlockSparseAttention bs;
+  ASSERT_NO_THROW(bs.plan(sparse));
+  sparse.variant = sparse.variant.with_sm_scale(0.5f);
+  EXPECT_KVATTN_ERROR(bs.plan(sparse), "BlockSparseAttention in CUDA-graph mode cannot change sm_scale");
 }
 
 TEST(ValidationPlan, CustomMask) {

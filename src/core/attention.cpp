@@ -411,11 +411,11 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
   plan->variant = detail::make_variant_params(plan->shape);
-  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
   const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
   const auto table = plan_page_table(*plan, params.page_table, params.page_size, gpu);
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
+  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
   if (gpu) {
     plan->scheduler = params.scheduler;
     check_table_device(table, workspace_);
@@ -493,7 +493,6 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   auto plan = std::make_unique<AttentionPlan>();
   plan->shape = detail::resolve_shape(params);
   plan->variant = detail::make_variant_params(plan->shape);
-  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchPrefill");
   if (params.page_table) {
     KVATTN_CHECK(!params.kv_indptr.defined(),
                  "give either kv_indptr (ragged KV) or page_table (paged KV), not both");
@@ -514,6 +513,7 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   }
   plan_qo_indptr(*plan, params.qo_indptr, int64_t(plan->kv_len.size()));
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
+  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchPrefill");
   if (workspace_.defined() && !workspace_.device().is_cpu()) {
     plan->scheduler = params.scheduler;
     detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
@@ -614,7 +614,6 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BlockSparseAttention; the BSR is the mask");
   plan->variant = detail::make_variant_params(plan->shape);
-  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BlockSparseAttention");
   const BSRMatrix& m = params.bsr;
   KVATTN_CHECK(m.R >= 1 && m.C >= 1, "bsr block size R x C = ", m.R, " x ", m.C,
                " must be at least 1 x 1");
@@ -645,6 +644,7 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   for (int64_t br = 0; br <= row_blocks; ++br) plan->qo_indptr[size_t(br)] = int32_t(br * m.R);
   for (int64_t br = 0; br < row_blocks; ++br)
     plan->kv_len.push_back(int64_t(ind[br + 1] - ind[br]) * m.C);
+  detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BlockSparseAttention");
   if (workspace_.defined() && !workspace_.device().is_cpu()) {
     plan->scheduler = params.scheduler;
     detail::plan_block_sparse_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);

@@ -83,36 +83,52 @@ kernels::VariantParams make_variant_params(const ResolvedShape& s) {
 void check_graph_replan(const AttentionPlan* previous, const AttentionPlan& next,
                         const SchedulerOptions& scheduler, const char* api) {
   if (!previous || !previous->scheduler.cuda_graph || !scheduler.cuda_graph) return;
-  const ResolvedShape &a = previous->shape, &b = next.shape;
   const char* why = " between plans (a captured run() replays what it captured; plan on a new object to change it)";
-  const std::pair<const char*, DType> dtypes[][2] = {{{"q_dtype", a.q_dtype}, {"", b.q_dtype}},
-                                                     {{"kv_dtype", a.kv_dtype}, {"", b.kv_dtype}},
-                                                     {{"o_dtype", a.o_dtype}, {"", b.o_dtype}}};
-  for (const auto& d : dtypes)
-    KVATTN_CHECK(d[0].second == d[1].second, api, " in CUDA-graph mode cannot change ", d[0].first, " (was ",
-                 dtype_name(d[0].second), ", now ", dtype_name(d[1].second), ")", why);
+  auto fail = [&](const char* what, const auto& was, const auto& now) {
+    detail::throw_error(api, " in CUDA-graph mode cannot change ", what, " (was ", was, ", now ", now, ")", why);
+  };
+  auto same = [&](const char* what, const auto& was, const auto& now) {
+    if (!(was == now)) fail(what, was, now);
+  };
+  constexpr const char* kKinds[] = {"paged", "ragged", "block-sparse"};
+  if (previous->kind != next.kind) fail("the KV layout", kKinds[int(previous->kind)], kKinds[int(next.kind)]);
+  same("page_size", previous->page_size, next.page_size);
+  if (next.kind == KVKind::block_sparse) {
+    same("the bsr block size R", previous->bsr_R, next.bsr_R);
+    same("the bsr block size C", previous->bsr_C, next.bsr_C);
+  }
+  const GraphCapacity &ga = *previous->scheduler.cuda_graph, &gb = *scheduler.cuda_graph;
+  same("cuda_graph.max_batch", ga.max_batch, gb.max_batch);
+  same("cuda_graph.max_tokens", ga.max_tokens, gb.max_tokens);
+  same("cuda_graph.max_split_items", ga.max_split_items, gb.max_split_items);
+  same("num_workers", previous->scheduler.num_workers, scheduler.num_workers);
+  const ResolvedShape &a = previous->shape, &b = next.shape;
+  same("q_dtype", dtype_name(a.q_dtype), dtype_name(b.q_dtype));
+  same("kv_dtype", dtype_name(a.kv_dtype), dtype_name(b.kv_dtype));
+  same("o_dtype", dtype_name(a.o_dtype), dtype_name(b.o_dtype));
+  same("num_qo_heads", a.num_qo_heads, b.num_qo_heads);
+  same("num_kv_heads", a.num_kv_heads, b.num_kv_heads);
+  same("head_dim_qk", a.head_dim_qk, b.head_dim_qk);
+  same("head_dim_vo", a.head_dim_vo, b.head_dim_vo);
   const kernels::VariantParams &u = previous->variant, &v = next.variant;
-  KVATTN_CHECK(u.features == v.features, api, " in CUDA-graph mode cannot change the variant (was ",
-               a.variant.describe(), ", now ", b.variant.describe(), ")", why);
-  const std::pair<const char*, double> values[][2] = {
-      {{"num_qo_heads", a.num_qo_heads}, {"", b.num_qo_heads}},
-      {{"num_kv_heads", a.num_kv_heads}, {"", b.num_kv_heads}},
-      {{"head_dim_qk", a.head_dim_qk}, {"", b.head_dim_qk}},
-      {{"head_dim_vo", a.head_dim_vo}, {"", b.head_dim_vo}},
-      {{"sm_scale (with q_scale and k_scale folded in)", u.sm_scale}, {"", v.sm_scale}},
-      {{"v_scale", u.v_scale}, {"", v.v_scale}},
-      {{"logits_soft_cap", u.soft_cap}, {"", v.soft_cap}},
-      {{"window_left", u.window_left}, {"", v.window_left}},
-      {{"sigmoid_bias", u.sigmoid_bias}, {"", v.sigmoid_bias}},
-      {{"rope_scale", u.rope_scale}, {"", v.rope_scale}},
-      {{"rope_theta", u.rope_theta}, {"", v.rope_theta}},
-      {{"llama31.factor", u.llama31_factor}, {"", v.llama31_factor}},
-      {{"llama31.low_freq_factor", u.llama31_low_freq_factor}, {"", v.llama31_low_freq_factor}},
-      {{"llama31.high_freq_factor", u.llama31_high_freq_factor}, {"", v.llama31_high_freq_factor}},
-      {{"llama31.original_max_position", u.llama31_original_max_position}, {"", v.llama31_original_max_position}}};
-  for (const auto& x : values)
-    KVATTN_CHECK(x[0].second == x[1].second, api, " in CUDA-graph mode cannot change ", x[0].first, " (was ",
-                 x[0].second, ", now ", x[1].second, ")", why);
+  if (u.features != v.features) fail("the variant", a.variant.describe(), b.variant.describe());
+  // The values the kernels read (a feature that is off reads none of its own).
+  same("sm_scale (with q_scale and k_scale folded in)", u.sm_scale, v.sm_scale);
+  same("v_scale", u.v_scale, v.v_scale);
+  using namespace kernels;
+  if (v.features & kSoftCap) same("logits_soft_cap", u.soft_cap, v.soft_cap);
+  if (v.features & kSlidingWindow) same("window_left", u.window_left, v.window_left);
+  if (v.features & kSigmoid) same("sigmoid_bias", u.sigmoid_bias, v.sigmoid_bias);
+  if (v.features & kRope) {
+    same("rope_scale", u.rope_scale, v.rope_scale);
+    same("rope_theta", u.rope_theta, v.rope_theta);
+  }
+  if (v.features & kRopeLlama31) {
+    same("llama31.factor", u.llama31_factor, v.llama31_factor);
+    same("llama31.low_freq_factor", u.llama31_low_freq_factor, v.llama31_low_freq_factor);
+    same("llama31.high_freq_factor", u.llama31_high_freq_factor, v.llama31_high_freq_factor);
+    same("llama31.original_max_position", u.llama31_original_max_position, v.llama31_original_max_position);
+  }
 }
 
 }  // namespace kvattn::detail

@@ -96,6 +96,11 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
                                                 pr.head_dim_vo, group, pr.page_size,
                                                 pr.variant.features, bulk_copies(dev), skewed);
+  // A captured run() replays its kernel: whatever else chose it (a KVATTN_DECODE_* knob read at
+  // this plan) must not choose another between graph-mode plans (the wrappers check the rest).
+  KVATTN_CHECK(!pr.scheduler.cuda_graph || !graph_mode_ || !kernel_ || cfg == config_,
+               "in CUDA-graph mode the decode kernel cannot change between plans (a captured run() replays ",
+               config_.name(), "; this plan chose ", cfg.name(), ": a KVATTN_DECODE_* setting changed)");
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;
@@ -227,6 +232,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const int heads_per_merge_cta = kernels::kMergeRowWarps / b.merge_row_warps;
 
   config_ = cfg;
+  graph_mode_ = bool(opts.cuda_graph);
   kernel_ = kernel;
   merge_kernel_ = merge;
   smem_bytes_ = smem;

@@ -78,6 +78,7 @@ class DecodeRunner {
   // failed plan() (a workspace too small, ...) leaves schedule() showing the plan run() uses.
   Planner planners_[2];
   int live_ = 0;
+  bool graph_mode_ = false;  // the live plan was made with a CUDA-graph capacity
   DecodeKernelConfig config_;
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;

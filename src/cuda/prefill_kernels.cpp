@@ -167,8 +167,7 @@ void set_cap_shift(PrefillKernelConfig& c, float soft_cap) {
   if (applies && !knob_clears)
     c.tuning |= prefill::kTuneCapShift;
   else
-    c.tuning &= ~uint32_t(prefill::kTuneCapShift | prefill::kTuneHalfTiles |
-                          prefill::kTuneQuarterTiles);  // the parts of a tile need the shift
+    c.tuning &= ~uint32_t(prefill::kTuneCapShift);
 }
 }  // namespace
 
@@ -225,12 +224,12 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.fast_tanh = soft_capped && tanh != TanhForm::exact;
     c.tuning = prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, paged, c.fast_tanh);
     // (Measured with 2-byte K/V as it lands; fp8, RoPE and custom masks keep their bits and the shift.)
-    if (!tuning_knob() && cap_shift_applies(q, features, soft_cap) && kv == q &&
-        !(features & (kernels::kRope | kernels::kCustomMask))) {
-      c.tuning = shifted_soft_cap_tuning(std::max(dqk, dvo), c.fast_tanh);
-      // tanh.approx at hd 64: two stages (call 3 above; the exact form gains nothing from it).
-      if (c.fast_tanh && std::max(dqk, dvo) <= 64 && !detail::knob("KVATTN_PREFILL_VARIANT")) c.stages = 2;
-    }
+    const bool shifted_long = cap_shift_applies(q, features, soft_cap) && kv == q &&
+                              !(features & (kernels::kRope | kernels::kCustomMask));
+    if (shifted_long && !tuning_knob()) c.tuning = shifted_soft_cap_tuning(std::max(dqk, dvo), c.fast_tanh);
+    // tanh.approx at hd 64 on m2k64: two stages (shifted_soft_cap_tuning; measured on ragged KV,
+    // the exact form gains nothing from them).
+    if (shifted_long && c.fast_tanh && std::max(dqk, dvo) <= 64 && prefill_variant_for() == "m2k64") c.stages = 2;
     // The swizzle only applies to K/V copied as they are: keep the name true to the code.
     if (!kernels::prefill::swizzles_kv(true, dqk, dvo, int(dtype_size(kv)), (features & kernels::kRope) != 0))
       c.tuning &= ~uint32_t(kernels::prefill::kTuneSwizzleKV);

@@ -72,7 +72,8 @@ std::string prefill_variant_for();
 // P packed early and lean copies too) where the fixed shift does not apply; where it does
 // (choose_prefill_config: bf16, cap <= 54.7, 2-byte K/V without RoPE or a custom mask) soft-cap
 // takes the five bits, the whole-tile transform and the tile in halves, in quarters above head
-// dim 128 and through tanh.approx (session 16). The kernel is latency-bound at
+// dim 128 and through tanh.approx above hd 64 (sessions 16-17; tanh.approx at hd 64 runs halves
+// on two stages instead). The kernel is latency-bound at
 // 255 registers, so each bit moves a kernel by a few percent either way; each choice was
 // measured, none is derived. kv_bytes: bytes of the KV storage type.
 uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int kv_bytes, int heads_per_cta,
@@ -98,7 +99,9 @@ uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo,
 //    other kernel has it cleared.
 //  - soft-cap's tanh: `tanh` by_shape takes tanh.approx on the long shape and the exact form on
 //    the others unless KVATTN_PREFILL_TANH forces one; exact and approx force one (the presets
-//    compile both forms of the long kernel).
+//    compile both forms of the long kernel). A request's tanh form thus follows its batch's
+//    longest query run (as its tile shape does); bf16 soft-cap through tanh.approx at hd 64 on
+//    the default m2k64 takes two stages instead of three.
 // Throws kvattn::Error naming the value for dtypes or head dims the GPU kernels do not take.
 enum class TanhForm { by_shape, exact, approx };
 PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_dim_qk, int head_dim_vo,

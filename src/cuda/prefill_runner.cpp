@@ -57,6 +57,11 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
                "in CUDA-graph mode the page table cannot move between host and device between plans (a captured "
                "run() replays the kernel it captured, which ", config_.checked_ids ? "checks" : "does not check",
                " device page ids)");
+  // A captured run() replays its kernel: whatever else chose it (a KVATTN_PREFILL_* knob read at
+  // this plan) must not choose another between graph-mode plans (the wrappers check the rest).
+  KVATTN_CHECK(!pr.scheduler.cuda_graph || !graph_mode_ || !kernel_ || cfg.name() == config_.name(),
+               "in CUDA-graph mode the prefill kernel cannot change between plans (a captured run() replays ",
+               config_.name(), "; this plan chose ", cfg.name(), ": a KVATTN_PREFILL_* setting changed)");
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
   int per_sm = per_sm_;
@@ -187,6 +192,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   b.variant.mask_indptr = has_mask ? reinterpret_cast<const int32_t*>(ws + L.mask_indptr) : nullptr;
 
   config_ = cfg;
+  graph_mode_ = bool(opts.cuda_graph);
   kernel_ = kernel;
   merge_kernel_ = merge;
   smem_bytes_ = smem;

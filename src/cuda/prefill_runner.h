@@ -86,6 +86,7 @@ class PrefillRunner {
   std::vector<int> active_;  // scratch of the round-robin staging
   int64_t grid_ = 0, merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;
   bool has_kv_tokens_ = false;  // some request of the plan has KV tokens
+  bool graph_mode_ = false;     // the live plan was made with a CUDA-graph capacity
   kernels::PrefillParams base_{};  // the plan's part of the kernel parameters
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
 };

@@ -44,6 +44,7 @@ struct AttnCase {
   kvattn::SchedulerOptions scheduler{};
   double mask_density = 0.7;  // custom mask: probability that a bit is set
   ComputeTolerance tolerance{};
+  double tanh_approx_error = kTanhApproxPtx;  // on_gpu soft-cap: allow_approx_tanh's bound (compare.h)
 
   int dvo() const { return head_dim_vo ? head_dim_vo : head_dim_qk; }
   kvattn::DType kv() const { return kv_dtype.value_or(q_dtype); }

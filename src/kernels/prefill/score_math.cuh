@@ -221,7 +221,6 @@ struct ScoreMath {
   template <int NACC, int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
                                                         float (&acc)[MT][NACC][4], float c) {
-    static_assert(C::kCapShift || (N0 == 0 && N1 == kNT), "a row maximum needs the whole tile");
     if constexpr (C::kCapShift) {  // P = 2^(c s - shift), m = shift / c throughout
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -246,7 +245,7 @@ struct ScoreMath {
       for (int r = 0; r < 2; ++r) {
         float mx = m[mt][r];
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+        for (int n = N0; n < N1; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if constexpr (C::kLazyRescale) {
@@ -262,7 +261,7 @@ struct ScoreMath {
         m[mt][r] = mx;
         if constexpr (!C::kRowSumMMA) d[mt][r] *= rescale[mt][r];  // else d is acc's last tile
 #pragma unroll
-        for (int n = 0; n < kNT; ++n)
+        for (int n = N0; n < N1; ++n)
 #pragma unroll
           for (int j = 2 * r; j < 2 * r + 2; ++j) {
             s[mt][n][j] = fast_exp2(fmaf(s[mt][n][j], c, -m_scaled));
