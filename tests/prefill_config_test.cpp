@@ -365,7 +365,11 @@ TEST_F(PrefillVariantEnv, TuningFollowsHeadDimVariantAndKVType) {
   EXPECT_EQ(tuning(128, 128, DType::bf16, kCausal | kvattn::kernels::kAlibi), all5 | kTuneWholeTileTransform);
   EXPECT_EQ(tuning(64, 64, DType::bf16, kvattn::kernels::kSigmoid), lazy_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal), lazy_swizzled_unrolled);
-  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 16384, 1, false), lazy_swizzled_unrolled | kTuneLeanCopies);
+  // Ragged 2-byte K/V above hd 128 goes by halves (plain softmax with a maximum per half).
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal, 16384, 1, false),
+            lazy_swizzled_unrolled | kTuneLeanCopies | kTuneHalfTiles);
+  EXPECT_EQ(tuning(256, 256, DType::bf16, kCausal | kvattn::kernels::kAlibi, 16384, 1, false),
+            lazy_swizzled_unrolled | kTuneLeanCopies | kTuneWholeTileTransform);
   EXPECT_EQ(tuning(192, 128, DType::bf16, kCausal), lazy_swizzled_unrolled);
   EXPECT_EQ(tuning(256, 256, DType::e4m3, kCausal), lazy_unrolled);  // fp8 is converted in smem
   EXPECT_EQ(tuning(256, 256, DType::bf16, kRope), lazy_unrolled);    // RoPE rotates K in place

@@ -92,7 +92,7 @@ void check_graph_replan(const AttentionPlan* previous, const AttentionPlan& next
   };
   constexpr const char* kKinds[] = {"paged", "ragged", "block-sparse"};
   if (previous->kind != next.kind) fail("the KV layout", kKinds[int(previous->kind)], kKinds[int(next.kind)]);
-  same("page_size", previous->page_size, next.page_size);
+  if (next.kind == KVKind::paged) same("page_size", previous->page_size, next.page_size);
   if (next.kind == KVKind::block_sparse) {
     same("the bsr block size R", previous->bsr_R, next.bsr_R);
     same("the bsr block size C", previous->bsr_C, next.bsr_C);

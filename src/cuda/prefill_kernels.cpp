@@ -108,7 +108,13 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   if (features & kernels::kSoftCap) return fast_tanh ? lazy_unrolled | kTunePackP | kTuneLeanCopies : lazy_unrolled;
   const uint32_t whole_tile = (features & kernels::kAlibi) ? uint32_t(kTuneWholeTileTransform) : 0u;
   if (d <= 64) return whole_tile | lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
-  if (d > 128) return whole_tile | lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies));
+  // Above hd 128, plain softmax over ragged 2-byte K/V goes by halves, each with its own running
+  // maximum (session 17, call 6: hd 256 causal 294 -> 311; hd 128 -7%, hd 64 -1%, quarters slower).
+  const bool halves = !paged && kv_bytes == 2 &&
+                      !(features & (kernels::kAlibi | kernels::kSigmoid | kernels::kCustomMask | kernels::kRope));
+  if (d > 128)
+    return whole_tile | lazy_unrolled | kTuneSwizzleKV | (paged ? 0u : uint32_t(kTuneLeanCopies)) |
+           (halves ? uint32_t(kTuneHalfTiles) : 0u);
   if (heads_per_cta == 1) return whole_tile | all;
   if (!paged) return whole_tile | lazy_unrolled;
   const bool swizzled = swizzles_kv(true, dqk, dvo, kv_bytes, (features & kernels::kRope) != 0);

@@ -30,9 +30,9 @@ struct PrefillMmaKernel {
   // Accumulator n-tiles: O's, then (kRowSumMMA) one whose every column is the row sum d.
   static constexpr int kNAcc = kND + (C::kRowSumMMA ? 1 : 0);
   static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
-  // kHalfTiles (soft-cap's fixed shift: no row maximum ties a tile's keys together): the tile in
-  // 2 or 4 parts of whole 16-key steps (compute_scores and accumulate_pv step 16 keys), Q K^T part
-  // by part first, then each part's softmax and P V, so that one part's MUFU work runs beside
+  // kHalfTiles: the tile in 2 or 4 parts of whole 16-key steps (compute_scores and accumulate_pv
+  // step 16 keys), Q K^T part by part first, then each part's softmax (the fixed shift, or the
+  // running maximum updated part by part) and P V, so that one part's MUFU work runs beside
   // another's MMAs; V must have landed before the tile starts.
   static constexpr int kParts = C::kHalfTiles ? (C::kQuarterTiles && kNT % 8 == 0 ? 4 : kNT % 4 == 0 ? 2 : 1) : 1;
   static constexpr bool kByParts = kParts > 1;

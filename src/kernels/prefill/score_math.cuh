@@ -214,7 +214,8 @@ struct ScoreMath {
       }
   }
 
-  // Online softmax over the tile: new row maxima (reduced over the quad sharing a row), the
+  // Online softmax over the tile's n-tiles [N0, N1) (a part of it under kHalfTiles, the whole
+  // otherwise): new row maxima (reduced over the quad sharing a row), the
   // rescale of d and O (skipped when no row of the warp moved), P = 2^(c s - c m) in place.
   // m is kept in score units; c = exp_scale(). With kRowSumMMA the row sums are acc's last
   // n-tile (the P V pass adds them), rescaled with O.

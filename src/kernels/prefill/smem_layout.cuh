@@ -49,8 +49,10 @@ namespace kvattn::kernels::prefill {
 //    (the lazy rescale's bit then does nothing), so
 //    the tile's chain S -> tanh -> exp has no maximum, no shuffle and no O rescale in it. The
 //    host sets it wherever it applies (cuda::choose_prefill_config) and clears it elsewhere;
-//  - kTuneHalfTiles (with kTuneCapShift): a tile in two halves of keys, Q K^T of both first, then
-//    each half's softmax and P V, so that one half's MUFU work overlaps the other's MMAs;
+//  - kTuneHalfTiles: a tile in two halves of keys, Q K^T of both first, then each half's softmax
+//    and P V, so that one half's MUFU work overlaps the other's MMAs (with kTuneCapShift the halves
+//    share the fixed shift; else each half updates the running maximum, as a tile would: plain
+//    softmax above hd 128, session 17);
 //    kTuneQuarterTiles: four parts instead (session 16: hd 256 +7%, tanh.approx hd 128 +5%;
 //    exact hd 128 -3%, hd 64 -3%). Parts are whole 16-key steps, so a 48-token tile goes whole
 //    and a 32-token one in halves whatever the bits say.
