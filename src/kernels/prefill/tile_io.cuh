@@ -54,7 +54,8 @@ struct PrefillConfig {
   static constexpr bool kRowSumMMA = (TUNING & kTuneRowSumMMA) != 0 && (FEATURES & kSigmoid) == 0;
   static constexpr bool kCapShift =
       (TUNING & kTuneCapShift) != 0 && (FEATURES & kSoftCap) != 0 && (FEATURES & (kSigmoid | kAlibi)) == 0 && DT == kBF16;
-  static constexpr bool kHalfTiles = (TUNING & kTuneHalfTiles) != 0;
+  // By parts: softmax variants only (sigmoid's weights by parts are unmeasured and untested).
+  static constexpr bool kHalfTiles = (TUNING & kTuneHalfTiles) != 0 && (FEATURES & kSigmoid) == 0;
   static constexpr bool kQuarterTiles = (TUNING & kTuneQuarterTiles) != 0 && kHalfTiles;
   static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
