@@ -179,7 +179,7 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
       out(qo_elems), flat_out(qo_elems);
   DeviceBuffer<float> lse0(size_t(B) * Hq), lse1(size_t(B) * Hq), lse(size_t(B) * Hq), flat_lse(size_t(B) * Hq);
   // The generator's values (apps/bench_io.h), the same in every copy; with --save-io the whole
-  // caches. (Until session 13 the timed runs used a constant fill.)
+  // caches. (Before 10cb283 the timed runs used a constant fill.)
   kvattn_cli::upload_bench_values(q.ptr, qo_elems, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
   kvattn_cli::upload_bench_kv(kv.ptr, cache_elems, copies, io != nullptr);
   // Each wrapper stages its plan in its own workspace.

@@ -145,7 +145,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   DeviceBuffer<uint16_t> kv(2 * cache_elems * size_t(copies));
   DeviceBuffer<uint16_t> q(size_t(B) * c.num_qo_heads * D), out(size_t(B) * c.num_qo_heads * D);
   {
-    // The generator's values (apps/bench_io.h), the same in every copy. (Until session 12 the
+    // The generator's values (apps/bench_io.h), the same in every copy. (Before 370aabc the
     // timed runs used a constant fill: every score equal, no softmax maximum ever moving.)
     kvattn_cli::upload_bench_values(q.ptr, size_t(B) * c.num_qo_heads * D, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
     kvattn_cli::upload_bench_kv(kv.ptr, cache_elems, copies, io != nullptr);

@@ -50,7 +50,7 @@ struct DeviceBuffer {
 // Host time of plan(): 200 calls, each followed by `step` (the caller's run and a synchronisation,
 // as in a serving loop; not timed), after 3 warm-up calls (the first ones allocate the pinned
 // staging buffers and wait behind the benchmark's setup, which a serving loop pays once): their
-// median and 90th percentile in microseconds. (Until session 13: the median of 20 plans back to
+// median and 90th percentile in microseconds. (Before 10cb283: the median of 20 plans back to
 // back, which moved by up to 7 us between two runs of one binary on the device host.)
 struct PlanTimes {
   double median_us = 0, p90_us = 0;

@@ -160,7 +160,7 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, bool devic
   // The generator's values (apps/bench_io.h), with or without --save-io; paged: every slot of
   // every page. Not a constant fill: with equal values the row maxima never move (no O rescale)
   // and the tensor cores draw less power, which measured hd 128 causal 1 x 16k 7% faster (H200,
-  // session 10) than on the values the peers get.
+  // 2026-11-30 at 29ac2ce) than on the values the peers get.
   kvattn_cli::upload_bench_values(static_cast<uint16_t*>(q.ptr), q_bytes / 2, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
   kvattn_cli::upload_bench_values(static_cast<uint16_t*>(k.ptr), kv_bytes / 2, kvattn_cli::kSeedK, kvattn_cli::kScaleKV);
   kvattn_cli::upload_bench_values(static_cast<uint16_t*>(v.ptr), kv_bytes / 2, kvattn_cli::kSeedV, kvattn_cli::kScaleKV);

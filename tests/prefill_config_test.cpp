@@ -434,9 +434,10 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
   };
   EXPECT_EQ(name(TanhForm::by_shape), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_tanhx_t1887");
   EXPECT_EQ(name(TanhForm::exact), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_t863");
-  // The long shape's bits with the shift (measured, session 16): the five bits, the whole-tile
-  // transform and halves; quarters above hd 128 and with tanh.approx; fp8, RoPE, custom masks and
-  // f16 keep their bits (with the shift where it applies), short and decode shapes add the shift.
+  // The long shape's bits with the shift (measured on the H200 at 7bc9489): the five bits, the
+  // whole-tile transform and halves; quarters above hd 128 and with tanh.approx; fp8, RoPE, custom
+  // masks and f16 keep their bits (with the shift where it applies), short and decode shapes add
+  // the shift.
   auto bits = [](DType q, DType kv, int hd, uint32_t features, int64_t qo = 16384, int group = 1) {
     return choose_prefill_config(q, kv, q, hd, hd, group, false, 0, features, qo, 227 * 1024, false, 30.0f).tuning;
   };

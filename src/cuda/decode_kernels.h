@@ -55,12 +55,12 @@ struct DecodeKernelConfig {
 // Whether split rows are folded inside the decode kernel by the last CTA of each merge entry
 // (kernels/decode/split_fold.cuh) when KVATTN_DECODE_MERGE=fold, or by the separate merge kernel
 // (the default: the in-kernel fold measured within a few percent of it on the H200, slower on
-// single requests: 1 x 4096 -5%, 1 x 32k -1.5%; docs/PERFORMANCE.md, session 14). Other values
-// are errors.
+// single requests: 1 x 4096 -5%, 1 x 32k -1.5%; 2026-11-30, docs/perf/HISTORY.md "Decode
+// experiments"). Other values are errors.
 bool decode_folds_in_kernel();
 
 // skewed_batch (decode_batch_is_skewed): the bulk kernel takes 2 stages, three CTAs per SM, where
-// it otherwise takes 3 and two: measured on the H200 (docs/PERFORMANCE.md, session 4, call 4),
+// it otherwise takes 3 and two: measured on the H200 (2026-11-30 at 36f61d7, docs/perf/HISTORY.md),
 // 2 stages lift 64 Zipf lengths from 3,541 to 3,797 GB/s and 1 x 32k + 63 x 512 from 2,931 to
 // 3,225, but lower uniform batches (64 x 1016: 3,360 to 2,879; 64 x 4096: 3,945 to 3,861).
 DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
@@ -80,7 +80,7 @@ int decode_smem_bytes(const DecodeKernelConfig& c);
 // "Slices") when that leaves at least two per head. Why one per SM: a one-wave batch split over
 // both slots of an SM ran slower than one longer chunk per SM (H200: 16 x 4096 +8%, 16 x 512
 // +21%, 1 x 4096 with 32/32 heads +19% at one per SM; multi-wave batches unchanged;
-// docs/PERFORMANCE.md, session 9).
+// 2026-11-30 at cd6e2d7, docs/perf/HISTORY.md).
 int decode_default_workers(int sm_count, int resident_per_sm, int head_chunks, int num_kv_heads, bool persistent);
 
 // The batch of one decode plan, for the choice below (empty: no batch-dependent choice).
@@ -100,11 +100,11 @@ struct DecodeBatchShape {
 //  - devices with bulk copies (sm_90+): for long batches of plain softmax decode (no variant
 //    feature but causal, which decode does not cut), outside CUDA-graph mode: at least 128
 //    (request, KV head) pairs and a mean length of at least kLongDecodeMeanTokens. H200, 32/8, page
-//    16 (session 15, PERFORMANCE.md): 64 x 4096 +6.5%, 64 x 32768 +9%, 256 x 4096 +5%, 16 x 32768
-//    +10%, 64 Zipf lengths +7%, 64 x 2048 even; but 64 x 1016 -9%, 64 x 512 -16% and 1 x 32768
-//    -2.5% stay on the TMA decode kernel. The price: plan() balances 3 CTAs per SM by splitting
-//    requests (64 x 4096: planner 8 us against 1 us), which a step that plans once for all its
-//    layers pays once.
+//    16 (2026-11-30 at de68c71, docs/perf/HISTORY.md): 64 x 4096 +6.5%, 64 x 32768 +9%, 256 x 4096
+//    +5%, 16 x 32768 +10%, 64 Zipf lengths +7%, 64 x 2048 even; but 64 x 1016 -9%, 64 x 512 -16%
+//    and 1 x 32768 -2.5% stay on the TMA decode kernel. The price: plan() balances 3 CTAs per SM by
+//    splitting requests (64 x 4096: planner 8 us against 1 us), which a step that plans once for
+//    all its layers pays once.
 // The page table may be on the host or the device (both kernel families read device ids in
 // place). KVATTN_DECODE_KERNEL=prefill forces the prefill kernels, =decode the decode kernels'
 // own choice, =mma|transposed|bulk one decode kernel.

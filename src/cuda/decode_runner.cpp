@@ -227,7 +227,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   // The merge kernel's shape (common/merge_rows.cuh): warps per head from the most slots an entry
   // has; a captured launch keeps its shape, so graph mode takes a fixed middle value.
   // About 4 slots per warp: one round of loads in flight (1 x 4096 +2%, 1 x 32k + 63 x 512 +1% on
-  // the H200 against 8 per warp, docs/PERFORMANCE.md, session 9).
+  // the H200 against 8 per warp; 2026-11-30 at cd6e2d7, docs/perf/HISTORY.md).
   b.merge_row_warps = opts.cuda_graph ? 4 : kernels::merge_row_warps_for(plan.max_merge_slots(), 4);
   const int heads_per_merge_cta = kernels::kMergeRowWarps / b.merge_row_warps;
 

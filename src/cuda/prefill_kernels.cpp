@@ -43,9 +43,9 @@ std::string PrefillKernelConfig::name() const {
 std::string prefill_variant_for() {
   const char* v = detail::knob("KVATTN_PREFILL_VARIANT");
   if (v && *v) return v;
-  // m2k64 is the fastest on the H200 (PERFORMANCE.md). Soft-cap at head dims 65-128 took m2k48
-  // until session 10 (m2k64 spilled); with the soft-cap tuning m2k64 measured 308.6 against
-  // m2k48's 270.9 TFLOP/s (1 x 16k causal).
+  // m2k64 is the fastest on the H200 (docs/PERFORMANCE.md). Soft-cap at head dims 65-128 took
+  // m2k48 until 29ac2ce (m2k64 spilled); with the soft-cap tuning m2k64 measured 308.6 against
+  // m2k48's 270.9 TFLOP/s (1 x 16k causal; 2026-11-30, docs/perf/HISTORY.md).
   return "m2k64";
 }
 
@@ -66,10 +66,10 @@ std::optional<uint32_t> tuning_knob() {
 
 PrefillDecodeShape prefill_decode_shape(bool uniform_decode) {
   // Four KV warps of 16 tokens, 2 stages, 3 CTAs per SM: measured fastest of eight shapes for GQA
-  // decode (H200, bf16, hd 128, group 4, page 16; session 15, call 1, PERFORMANCE.md): 64 x 4096
-  // 4,192-4,196 GB/s, 64 Zipf lengths 98% of that; the one-warp shape before it 3,985 and 85%.
-  // Uniform batches: six warps at 2 CTAs per SM (call 9: 64 x 4096 4,300-4,307, 256 x 4096
-  // 4,479-4,482, against 4,229-4,239 and 4,373-4,375).
+  // decode (H200, bf16, hd 128, group 4, page 16; 2026-11-30 at 53a0a95, docs/perf/HISTORY.md):
+  // 64 x 4096 4,192-4,196 GB/s, 64 Zipf lengths 98% of that; the one-warp shape before it 3,985
+  // and 85%. Uniform batches: six warps at 2 CTAs per SM (a later call, same kernels: 64 x 4096
+  // 4,300-4,307, 256 x 4096 4,479-4,482, against 4,229-4,239 and 4,373-4,375).
   PrefillDecodeShape s = uniform_decode ? PrefillDecodeShape{6, 16, 2, 2} : PrefillDecodeShape{4, 16, 2, 3};
   const char* env = detail::knob("KVATTN_PREFILL_DECODE_SHAPE");
   if (!env || !*env) return s;
@@ -91,17 +91,17 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
                             bool fast_tanh) {
   using namespace kernels::prefill;
   if (const auto bits = tuning_knob()) return *bits;
-  // Measured on generated values (H200, sessions 10 and 11, PERFORMANCE.md; 1 x 16k causal unless
-  // said): the lazy rescale is never slower; hd 64 unrolled +1%; hd 256 unrolled and swizzled +9%
-  // (P packed early -1%); hd 128 one head per CTA swizzled, unrolled and P packed early +6%
-  // (non-causal +4%, page 16 +7%); GQA-packed CTAs unrolled +6% (swizzled and packed -1%); paged
-  // GQA-packed CTAs all +2% (append), but only where they do not spill (custom masks, fp8 or RoPE
-  // K/V: lazy only); soft-cap unrolled +13% (swizzled -8%, packed -8%). The lean copies (session
-  // 11): hd 64 +3.5%, hd 128 +5% (non-causal +3.7%), hd 256 +3%; not for soft-cap (-4.7%) or
-  // ragged GQA-packed CTAs (-1.9%). Soft-cap through tanh.approx (session 12): P packed early and
-  // lean copies +3% over lazy and unrolled. ALiBi transforms a mask-free tile in one block (+3.7%
-  // at 32/8; session 12); soft-cap measured slower that way (exact -3.3%, tanh.approx -2%), and
-  // sigmoid is unmeasured, so they keep the per-row blocks.
+  // Measured on generated values (H200, 2026-11-30 at 29ac2ce and a073d20, docs/perf/HISTORY.md;
+  // 1 x 16k causal unless said): the lazy rescale is never slower; hd 64 unrolled +1%; hd 256
+  // unrolled and swizzled +9% (P packed early -1%); hd 128 one head per CTA swizzled, unrolled and
+  // P packed early +6% (non-causal +4%, page 16 +7%); GQA-packed CTAs unrolled +6% (swizzled and
+  // packed -1%); paged GQA-packed CTAs all +2% (append), but only where they do not spill (custom
+  // masks, fp8 or RoPE K/V: lazy only); soft-cap unrolled +13% (swizzled -8%, packed -8%). The lean
+  // copies (at a073d20): hd 64 +3.5%, hd 128 +5% (non-causal +3.7%), hd 256 +3%; not for soft-cap
+  // (-4.7%) or ragged GQA-packed CTAs (-1.9%). Soft-cap through tanh.approx (at 370aabc): P packed
+  // early and lean copies +3% over lazy and unrolled. ALiBi transforms a mask-free tile in one
+  // block (+3.7% at 32/8, at 370aabc); soft-cap measured slower that way (exact -3.3%, tanh.approx
+  // -2%), and sigmoid is unmeasured, so they keep the per-row blocks.
   const int d = std::max(dqk, dvo);
   const uint32_t lazy_unrolled = kTuneLazyRescale | kTuneUnrollQK;
   const uint32_t all = kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP | kTuneLeanCopies;
@@ -109,7 +109,8 @@ uint32_t prefill_tuning_for(uint32_t features, int dqk, int dvo, int kv_bytes, i
   const uint32_t whole_tile = (features & kernels::kAlibi) ? uint32_t(kTuneWholeTileTransform) : 0u;
   if (d <= 64) return whole_tile | lazy_unrolled | (paged ? 0u : uint32_t(kTuneLeanCopies));
   // Above hd 128, plain softmax over ragged 2-byte K/V goes by halves, each with its own running
-  // maximum (session 17, call 6: hd 256 causal 294 -> 311; hd 128 -7%, hd 64 -1%, quarters slower).
+  // maximum (H200, at 2780334 and a97c407: hd 256 causal 294 -> 311; hd 128 -7%, hd 64 -1%,
+  // quarters slower).
   const bool halves = !paged && kv_bytes == 2 &&
                       !(features & (kernels::kAlibi | kernels::kSigmoid | kernels::kCustomMask | kernels::kRope));
   if (d > 128)
@@ -150,12 +151,12 @@ bool cap_shift_applies(DType q, uint32_t features, float soft_cap) {
          prefill::cap_shift_fits(soft_cap * 1.4426950408889634f);
 }
 
-// The long shape's bits where the shift applies (H200, session 16, calls 5-6, PERFORMANCE.md; 1 x
-// 16k causal): the five bits, the whole-tile transform and the tile in halves (863): hd 64 179.7
-// (no shift) -> 215.0, hd 128 305.6 -> 329.5, 32/8 302.7 -> 326.2; above hd 128 in quarters (1887:
-// hd 256 at cap 50 237.0 -> 307.8, its plain twin 294.6). tanh.approx in quarters everywhere
+// The long shape's bits where the shift applies (H200, 2026-11-30 at 7bc9489, docs/perf/HISTORY.md;
+// 1 x 16k causal): the five bits, the whole-tile transform and the tile in halves (863): hd 64
+// 179.7 (no shift) -> 215.0, hd 128 305.6 -> 329.5, 32/8 302.7 -> 326.2; above hd 128 in quarters
+// (1887: hd 256 at cap 50 237.0 -> 307.8, its plain twin 294.6). tanh.approx in quarters everywhere
 // (hd 128 341 -> 359 over its bits 285, hd 256 261 -> 321) except at hd 64, where halves on two
-// stages run faster (session 17, call 3: 252 in quarters on three stages, 264 in halves on two;
+// stages run faster (at 1613d39: 252 in quarters on three stages, 264 in halves on two;
 // choose_prefill_config sets the stages).
 uint32_t shifted_soft_cap_tuning(int head_dim, bool fast_tanh) {
   using namespace kernels::prefill;
@@ -206,7 +207,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
   KVATTN_CHECK(tanh_mode.empty() || tanh_mode == "exact" || tanh_mode == "approx",
                "KVATTN_PREFILL_TANH is exact or approx, not '", tanh_mode, "'");
   // Soft-cap's tanh: tanh.approx.f32 (one MUFU op, FlashInfer's form) on the long shape, where
-  // the MUFU pipe bounds the kernel (hd 128: 5% cost against the exact form's 12%, session 16);
+  // the MUFU pipe bounds the kernel (hd 128: 5% cost against the exact form's 12%; at 7bc9489);
   // the exact ex2 + rcp form on the short and decode shapes, which memory bounds (it costs nothing
   // there). KVATTN_PREFILL_TANH=exact|approx forces one form on every shape.
   if (tanh == TanhForm::by_shape && !tanh_mode.empty())
@@ -258,7 +259,7 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int dqk, i
     c.kv_warps = d.kv_warps;
     c.kv_tile = d.kv_warps * d.warp_tokens;
     c.stages = d.stages;
-    // All five code-generation bits (session 15, call 1: 4x16s2b3 64 x 4096 4,192 GB/s with them,
+    // All five code-generation bits (H200 at 53a0a95: 4x16s2b3 64 x 4096 4,192 GB/s with them,
     // 3,990 without).
     using namespace kernels::prefill;
     c.tuning = tuning_knob().value_or(uint32_t(kTuneLazyRescale | kTuneSwizzleKV | kTuneUnrollQK | kTunePackP |

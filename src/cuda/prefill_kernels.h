@@ -29,7 +29,7 @@ struct PrefillKernelConfig {
   bool fast_tanh = false; // soft-cap through tanh.approx.f32 (only with the soft-cap feature)
   // Paged: the page ids come from a device-resident table, so the kernel checks each one (an id
   // outside [0, num_pages) poisons its item's rows and is reported). Host ids are checked by
-  // plan()/run(), and their kernels skip the check: it cost page-1 prefill 5% (H200, session 8).
+  // plan()/run(), and their kernels skip the check: it cost page-1 prefill 5% (H200 at 4eb8450).
   bool checked_ids = false;
   // kernels::prefill::PrefillTuning bits: code-generation choices (lazy rescale, swizzled K/V,
   // unrolled Q K^T) that change speed, not results beyond rounding.
@@ -63,19 +63,19 @@ struct PrefillTileShape {
 PrefillTileShape prefill_long_shape(const std::string& variant, int head_dim_qk, int head_dim_vo);
 // KVATTN_PREFILL_VARIANT when set; else m2k64.
 std::string prefill_variant_for();
-// The tuning bits of a long-shape kernel (kernels::prefill::PrefillTuning; H200 on generated
-// values, sessions 10-11, PERFORMANCE.md): the lazy rescale and the unrolled Q K^T everywhere;
-// the swizzled K/V above head dim 128; at head dim 128 all five bits (P packed early and lean
-// copies too) with one query head per CTA and for paged GQA-packed CTAs (except where those
-// spill: custom masks, fp8 or RoPE K/V keep the lazy rescale only); lean copies also for ragged
-// K/V at head dims 64 and 256; soft-cap lazy and unrolled only (through tanh.approx, fast_tanh,
-// P packed early and lean copies too) where the fixed shift does not apply; where it does
-// (choose_prefill_config: bf16, cap <= 54.7, 2-byte K/V without RoPE or a custom mask) soft-cap
-// takes the five bits, the whole-tile transform and the tile in halves, in quarters above head
-// dim 128 and through tanh.approx above hd 64 (sessions 16-17; tanh.approx at hd 64 runs halves
-// on two stages instead). The kernel is latency-bound at
-// 255 registers, so each bit moves a kernel by a few percent either way; each choice was
-// measured, none is derived. kv_bytes: bytes of the KV storage type.
+// The tuning bits of a long-shape kernel (kernels::prefill::PrefillTuning; H200 on generated values
+// at 29ac2ce and a073d20, docs/perf/HISTORY.md): the lazy rescale and the unrolled Q K^T
+// everywhere; the swizzled K/V above head dim 128; at head dim 128 all five bits (P packed early
+// and lean copies too) with one query head per CTA and for paged GQA-packed CTAs (except where
+// those spill: custom masks, fp8 or RoPE K/V keep the lazy rescale only); lean copies also for
+// ragged K/V at head dims 64 and 256; soft-cap lazy and unrolled only (through tanh.approx,
+// fast_tanh, P packed early and lean copies too) where the fixed shift does not apply; where it
+// does (choose_prefill_config: bf16, cap <= 54.7, 2-byte K/V without RoPE or a custom mask)
+// soft-cap takes the five bits, the whole-tile transform and the tile in halves, in quarters above
+// head dim 128 and through tanh.approx above hd 64 (at 7bc9489 and 1613d39; tanh.approx at hd 64
+// runs halves on two stages instead). The kernel is latency-bound at 255 registers, so each bit
+// moves a kernel by a few percent either way; each choice was measured, none is derived. kv_bytes:
+// bytes of the KV storage type.
 uint32_t prefill_tuning_for(uint32_t features, int head_dim_qk, int head_dim_vo, int kv_bytes, int heads_per_cta,
                             bool paged, bool fast_tanh = false);
 
@@ -111,9 +111,9 @@ PrefillKernelConfig choose_prefill_config(DType q, DType kv, DType o, int head_d
                                           TanhForm tanh = TanhForm::by_shape);
 
 // The decode shape: KV warps, tokens per warp, stages and CTAs per SM (__launch_bounds__'s minimum)
-// of a one-M-warp kernel. By default (H200, session 15, PERFORMANCE.md) 4 warps x 16 tokens at 3
-// CTAs per SM, and for uniform decode batches 6 x 16 at 2 (1.5-2.5% faster there, and with 2/3
-// of the workers the planner keeps whole requests; 5% slower on Zipf lengths). The environment
+// of a one-M-warp kernel. By default (H200 at 9fa4daf, docs/perf/HISTORY.md) 4 warps x 16 tokens
+// at 3 CTAs per SM, and for uniform decode batches 6 x 16 at 2 (1.5-2.5% faster there, and with
+// 2/3 of the workers the planner keeps whole requests; 5% slower on Zipf lengths). The environment
 // variable KVATTN_PREFILL_DECODE_SHAPE="<kv_warps>x<tokens>s<stages>[b<ctas>]" replaces both
 // (kv_warps 1, 2, 4, 6 or 8; tokens 16, 32 or 64; stages 2-4; CTAs 1-8; read at every plan;
 // malformed values are errors).

@@ -19,7 +19,7 @@ namespace kvattn::kernels {
 // kInFlight slots' loads issued before any is used: an output element is then ceil(n / kInFlight)
 // L2 round trips, where a max pass and a sum pass over one element at a time (the first in-kernel
 // fold) made 1 x 2048 decode's fold about 16 round trips per thread (21 us against 13 with the
-// merge kernel, H200, session 14).
+// merge kernel; H200, 2026-11-30, docs/perf/HISTORY.md "Decode experiments").
 struct FoldedState4 {
   float4 o;
   float lse;

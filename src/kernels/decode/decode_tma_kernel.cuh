@@ -4,9 +4,9 @@
 //
 // Why: cp.async.bulk takes its operands in uniform registers, so the 32 per-lane row copies of
 // DecodeBulkKernel compile to a 32-round loop (ELECT, four R2UR, UBLKCP) per warp and tile: 40% of
-// its instructions at 64 x 4096 (ncu, docs/NOTES.md, sixth session), in a kernel whose warps were
-// bound by issue latency, not by DRAM. Here a warp's 16 tokens of one page are DQK/64 + DVO/64
-// boxes of [16 tokens][64 dims] (2 KB each), one instruction each:
+// its instructions at 64 x 4096 (ncu on the H200 at 05bdd46; docs/DECISIONS.md, "Decode kernels"),
+// in a kernel whose warps were bound by issue latency, not by DRAM. Here a warp's 16 tokens of one
+// page are DQK/64 + DVO/64 boxes of [16 tokens][64 dims] (2 KB each), one instruction each:
 //   cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 // through the 4-D tensor maps of the K and V caches that run() encodes (DecodeParams::k_map/v_map:
 // head dim, then token and head in the order of their strides, then page). The boxes land
@@ -170,7 +170,7 @@ struct DecodeTmaKernel {
     }
     // Prologue: tiles 0 .. STAGES-2 in flight, the page ids of tiles STAGES-1 and STAGES loading.
     // Ids are loaded two tiles before their copies are issued: with one, 12% of the warps' stall
-    // samples at 64 x 4096 sat on the id's check (ncu, sixth session).
+    // samples at 64 x 4096 sat on the id's check (ncu on the H200 at 05bdd46).
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t)
       if (t < n_tiles) issue(t, load(t));

@@ -7,10 +7,10 @@
 //     its thread 0 fences and counts the CTA on the entry's counter; the one that completes the
 //     count folds the slots, which are then in L2, and resets the counter for the next run. Each
 //     thread folds four elements of a row with 8 slots' loads in flight (fold_states4). On the
-//     H200 it measures within a few percent of the merge kernel (session 14: 1 x 32k -1.5%, 1 x
-//     4096 -5%, 16 x 4096 +2%, 1 x 32k + 63 x 512 +1%), so the merge kernel stays the default; the
-//     first fold, one element per thread in two passes over the slots (maximum, then sum), was
-//     1.3-2x slower.
+//     H200 it measures within a few percent of the merge kernel (2026-11-30, docs/perf/HISTORY.md
+//     "Decode experiments": 1 x 32k -1.5%, 1 x 4096 -5%, 16 x 4096 +2%, 1 x 32k + 63 x 512 +1%),
+//     so the merge kernel stays the default; the first fold, one element per thread in two passes
+//     over the slots (maximum, then sum), was 1.3-2x slower.
 #pragma once
 
 #include "kernels/common/fold_states.cuh"

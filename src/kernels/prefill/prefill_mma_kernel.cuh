@@ -311,7 +311,8 @@ struct PrefillMmaKernel {
         }
       }
       // The unswizzled branches keep their original expressions: the same arithmetic written
-      // differently compiled to other SASS and cost hd 128 7.5% (NOTES.md, session 10).
+      // differently compiled to other SASS and cost hd 128 7.5% (H200, 2026-11-30 at 29ac2ce;
+      // docs/DECISIONS.md, "Pitfalls met").
       const char* k_step = k_row_base + (k_swz ^ (ks * 32));
 #pragma unroll
       for (int j = N0 / 2; j < N1 / 2; ++j) {

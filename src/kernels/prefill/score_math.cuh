@@ -43,7 +43,7 @@ struct WarpRows {
 // The lazy rescale's threshold in log2 units; KVATTN_PREFILL_LAZY_LOG2=1..8 sets it for
 // experiments (cuda/prefill_kernels.cpp: a compile option). A lower one moves the reference
 // maximum more often, so fewer weights are rounded below their fresh-maximum values
-// (scripts/lazy-rescale-error; docs/NOTES.md, sessions 13-14).
+// (scripts/lazy-rescale-error; docs/DECISIONS.md, "Prefill accuracy: the lazy rescale").
 #ifndef KVATTN_PREFILL_LAZY_LOG2
 #define KVATTN_PREFILL_LAZY_LOG2 8.0f
 #endif
@@ -60,7 +60,7 @@ struct ScoreMath {
 
   // Soft-cap through tanh.approx under softmax keeps its scores as t = tanh(x scale / c): the
   // cap's c L is folded into the softmax's one FFMA per score (exp_scale), one instruction per
-  // score fewer than computing c L t (+8%, session 12). The exact form, computed as
+  // score fewer than computing c L t (+8%; H200 at 370aabc). The exact form, computed as
   // c L - 2 c L / (1 + 2^(x u)), measured 2-6% slower with the same fold (-c L t shifted by c L,
   // -1 / (1 + 2^(x u)) in the scores, c L added to the LSE), so it keeps its log2-unit scores.
   static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax && C::FAST_TANH;

@@ -35,15 +35,16 @@ namespace kvattn::kernels::prefill {
 //    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end;
 //  - kTunePVByDim (with kTunePackP): P V walks V's dims outermost, so each lane's V address is
 //    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets (an experiment:
-//    within noise of 31 on hd 128, session 12);
+//    within noise of 31 on hd 128; H200, 2026-11-30 at 370aabc);
 //  - kTuneWholeTileTransform: soft-cap / ALiBi / sigmoid transform a tile no mask cuts in one
 //    branch-free block, not one block per row (the per-row branch on `masked` split it in 8):
 //    ALiBi +3.7%, soft-cap 2-3% slower (its MUFU work then sits among the Q K^T MMAs);
 //  - kTuneRowSumMMA (softmax variants): the row sums d come from one more MMA per 16 keys, of the
 //    packed P against ones, instead of one FADD per score, so d sums exactly the rounded weights
-//    P V uses (O a weighted mean of V rows). An experiment (session 13): hd 64 +3.5%, hd 128
-//    page 16 +4%, but the rest 2-9% slower, and the LSE then carries the weights' bf16 rounding
-//    (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no kernel takes it;
+//    P V uses (O a weighted mean of V rows). An experiment (H200, 2026-11-30 at 10cb283):
+//    hd 64 +3.5%, hd 128 page 16 +4%, but the rest 2-9% slower, and the LSE then carries the
+//    weights' bf16 rounding (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no
+//    kernel takes it;
 //  - kTuneCapShift (bf16 soft-cap without ALiBi, caps up to 54.7: cap_shift_fits): the weights
 //    are 2^(y - shift) with one fixed shift (cap_shift_log2) instead of the running row maximum
 //    (the lazy rescale's bit then does nothing), so
@@ -52,8 +53,8 @@ namespace kvattn::kernels::prefill {
 //  - kTuneHalfTiles: a tile in two halves of keys, Q K^T of both first, then each half's softmax
 //    and P V, so that one half's MUFU work overlaps the other's MMAs (with kTuneCapShift the halves
 //    share the fixed shift; else each half updates the running maximum, as a tile would: plain
-//    softmax above hd 128, session 17);
-//    kTuneQuarterTiles: four parts instead (session 16: hd 256 +7%, tanh.approx hd 128 +5%;
+//    softmax above hd 128: H200, 2026-12-01 at a97c407);
+//    kTuneQuarterTiles: four parts instead (H200 at 7bc9489: hd 256 +7%, tanh.approx hd 128 +5%;
 //    exact hd 128 -3%, hd 64 -3%). Parts are whole 16-key steps, so a 48-token tile goes whole
 //    and a 32-token one in halves whatever the bits say.
 enum PrefillTuning : unsigned {
@@ -81,7 +82,7 @@ enum PrefillTuning : unsigned {
 //    the ones flushed weigh under 2^-32 of the row's largest each (under kv_len x 2^-32 together);
 //  - a row's largest weight is >= 2^(-c L - shift) >= 2^-94, so O's products with |v| above 2^-32
 //    stay normal. (max(0, c L - 64) would keep it >= 2^-64 up to cap 44, 2^-43 at cap 30, with
-//    the same two bounds above; not yet run on a GPU: NOTES.md, session 16.)
+//    the same two bounds above; not yet run on a GPU: docs/DECISIONS.md, "Soft-cap".)
 // f16 has no room for it: its weights span 2^-24 to 2^16, less than one capped row's range.
 constexpr float kCapShiftMaxLog2 = 79.0f;
 constexpr bool cap_shift_fits(float cap_log2) { return cap_log2 > 0.0f && cap_log2 <= kCapShiftMaxLog2; }
