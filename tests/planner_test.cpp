@@ -694,7 +694,7 @@ TEST(Planner, BadInputsGiveClearErrors) {
   std::vector<int32_t> neg{10, -5, 30};
   auto i2 = in;
   i2.kv_len = neg;
-  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "kv_len[1] = -5 is negative");
+  EXPECT_ERROR_HAS(kvattn::make_plan(i2, opt), "kv_len[1] = -5 is out of range [0, ");
 
   std::vector<int32_t> bad_qo{0, 4, 2, 5};
   i2 = in;

@@ -146,7 +146,7 @@ TEST(Prefill, EmptyRequestsAndBatches) {
       {},                                        // empty batch
       {{0, 0}},                                  // one request with nothing
       {{0, 0}, {1, 1}, {0, 5}, {0, 0}},          // no queries, or no keys
-      {{1, 1}, {2, 2}, {1, 0}},                  // a query with no keys: zeros, lse -inf
+      {{1, 1}, {2, 2}, {0, 3}},                  // (qo_len > kv_len is an error: ValidationPlan.QoLongerThanKv)
       {{0, 7}, {3, 3}, {0, 0}, {16, 16}}};
   for (const auto& lens : batches)
     for (KVStore store : kStores) {

@@ -145,7 +145,7 @@ TEST(ValidationPlan, PageTable) {
   HostTensor u8_indices(DType::u8, {3});
   expect(nullptr, &u8_indices, nullptr, 16, "kv_indices has dtype u8 but i32 is expected");
   HostTensor short_last = int32_tensor({5});
-  expect(nullptr, nullptr, &short_last, 16, "kv_last_page_len has 1 elements but 2 are expected");
+  expect(nullptr, nullptr, &short_last, 16, "kv_indptr has 3 elements (batch_size 2) but kv_last_page_len has 1 (batch_size 1)");
   HostTensor short_indices = int32_tensor({2, 0});
   expect(nullptr, &short_indices, nullptr, 16, "kv_indptr[2] = 3 exceeds the length of kv_indices (2)");
   HostTensor last0 = int32_tensor({5, 0});
@@ -157,7 +157,7 @@ TEST(ValidationPlan, PageTable) {
   expect(&no_pages, nullptr, &last_neg, 16,
          "kv_last_page_len[0] = -1 is out of range [0, 16] (request has no pages)");
   HostTensor negative = int32_tensor({2, -1, 1});
-  expect(nullptr, &negative, nullptr, 16, "kv_indices[1] = -1 is out of range [0, num_pages)");
+  expect(nullptr, &negative, nullptr, 16, "kv_indices[1] = -1 is negative");
 }
 
 TEST(ValidationPlan, Prefill) {
@@ -181,7 +181,7 @@ TEST(ValidationPlan, Prefill) {
   HostTensor qo_short = int32_tensor({0, 2});
   p = base;
   p.qo_indptr = qo_short.view();
-  EXPECT_KVATTN_ERROR(op.plan(p), "qo_indptr has 2 elements but 3 are expected");
+  EXPECT_KVATTN_ERROR(op.plan(p), "qo_indptr has 2 elements (batch_size 1) but kv_indptr describes batch_size 2");
   HostTensor qo5 = int32_tensor({0, 3, 6, 9, 8}), kv5 = int32_tensor({0, 3, 6, 9, 9});
   p.qo_indptr = qo5.view();
   p.kv_indptr = kv5.view();
@@ -331,7 +331,7 @@ TEST(ValidationPlan, BlockSparse) {
   expect([](P& p) { p.bsr.R = 0; p.bsr.C = 1; }, "bsr block size R x C = 0 x 1 must be at least 1 x 1");
   expect([](P& p) { p.bsr.C = -2; }, "bsr block size R x C = 4 x -2 must be at least 1 x 1");
   expect([](P& p) { p.bsr.M = 10; }, "bsr M = 10 is not a multiple of R = 4");
-  expect([](P& p) { p.bsr.M = -4; }, "bsr M = -4 is not a multiple of R = 4");
+  expect([](P& p) { p.bsr.M = -4; }, "bsr M = -4 is out of range [0, ");
   expect([](P& p) { p.bsr.N = 10; }, "bsr N = 10 is not a multiple of C = 4");
   expect([](P& p) { p.bsr.M = 12; }, "bsr indptr has 3 elements but 4 are expected");
   HostTensor past = int32_tensor({0, 2, 5});

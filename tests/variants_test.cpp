@@ -86,7 +86,7 @@ TEST(Variants, CustomMask) {
     for (KVStore store : {KVStore::ragged, KVStore::paged, KVStore::paged_combined}) {
       KVATTN_CASE_RNG(rng);
       AttnCase c;
-      c.lens = {{rng.integer(1, 20), 20}, {3, 3 + rng.integer(0, 40)}, {0, 9}, {5, 0},
+      c.lens = {{rng.integer(1, 20), 20}, {3, 3 + rng.integer(0, 40)}, {0, 9}, {0, 0},
                 {1, 1}, {9, 13}};
       c.num_qo_heads = 4;
       c.num_kv_heads = 1;

@@ -36,6 +36,12 @@
 
 namespace kvattn {
 
+// Limits of one batch; plan() rejects more with kvattn::Error. Positions and token counts are
+// int32 in the kernels and the work items, and the kernels step through them in tiles of up to
+// 2^16 tokens, so no tile end may pass 2^31 - 1.
+inline constexpr int64_t kMaxKVLen = (int64_t(1) << 31) - (int64_t(1) << 16);  // KV tokens of a request
+inline constexpr int64_t kMaxTotalTokens = kMaxKVLen;  // query tokens of a batch (and ragged KV tokens)
+
 // Cost coefficients of the scheduling model, in KV-token equivalents. The defaults model a
 // memory-bound kernel with bf16 K/V: a packed query row (q loaded, o stored) costs about as much as
 // one KV token of one head; a split row also writes an f32 partial state (o and lse) that the merge

@@ -30,6 +30,10 @@ class TensorView {
   static constexpr int kMaxDims = 6;
 
   TensorView() = default;
+  // Every constructor checks the view (kvattn::Error otherwise): sizes >= 0, strides >= 0, and the
+  // element count and every element's byte offset within int64 and the address space. A stride
+  // of 0 (broadcast) is allowed for inputs; outputs are checked for self-overlap where they are
+  // used.
   // Contiguous (row-major) view.
   TensorView(const void* data, DType dtype, std::initializer_list<int64_t> shape,
              Device device = Device::cpu());
@@ -53,6 +57,9 @@ class TensorView {
   const int64_t* strides() const { return strides_.data(); }
   int64_t numel() const;
   bool is_contiguous() const;
+  // Bytes from data() to the end of the last element (0 for an empty view): the view's elements
+  // all lie in [data(), data() + extent_bytes()).
+  int64_t extent_bytes() const;
   // The view of index `i` along dimension 0 (one fewer dimension).
   TensorView select(int64_t i) const;
   // "bf16[4, 32, 128] on cpu" (strides shown when not contiguous).
@@ -60,6 +67,8 @@ class TensorView {
 
  private:
   int wrap(int dim) const { return dim < 0 ? dim + ndim_ : dim; }
+  void fill_contiguous_strides();
+  void check_extent() const;
   void* data_ = nullptr;
   DType dtype_ = DType::f32;
   Device device_{};

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <optional>
 #include <span>
+#include <string>
+#include <utility>
 
 #include "core/attention_plan.h"
 #include "core/env_knobs.h"
@@ -79,7 +81,7 @@ validate::PageTableInfo plan_page_table(AttentionPlan& plan, const PageTable& ta
     if (id < lo) { lo = id; lo_pos = int64_t(i); }
     if (id > hi) { hi = id; plan.max_page_pos = int64_t(i); }
   }
-  KVATTN_CHECK(lo_pos < 0, "kv_indices[", lo_pos, "] = ", lo, " is out of range [0, num_pages)");
+  KVATTN_CHECK(lo_pos < 0, "kv_indices[", lo_pos, "] = ", lo, " is negative; page ids are in [0, num_pages)");
   plan.max_page_index = hi;
   if (!for_gpu) plan.kv_indices.assign(info.indices.begin(), info.indices.end());
   return info;
@@ -115,9 +117,46 @@ void check_rows_tensor(const char* name, const TensorView& t, DType dtype, const
   KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
 }
 
+// q decides where run() computes: on the host (the CPU backend runs any plan), or on the CUDA
+// device of a GPU plan's workspace. A q anywhere else is the argument to blame.
+void check_run_device(const AttentionPlan& plan, const TensorView& q) {
+  validate::defined("q", q);
+  if (q.device().is_cpu()) return;
+  const Device planned = plan.workspace.defined() ? plan.workspace.device() : Device::cpu();
+  KVATTN_CHECK(q.device() == planned, "q is on ", q.device().str(), " but ", plan.api, " was planned ",
+               planned.is_cpu() ? std::string("for the CPU (no CUDA workspace); pass host (cpu) tensors or "
+                                              "give the wrapper a CUDA workspace")
+                                : "with a workspace on " + planned.str());
+}
+
+// The aliasing rules of kvattn/attention.h: out and lse are free of self-overlap and share no
+// memory with each other, with q, K, V or the workspace (no exact aliasing either: other work items
+// still read q rows and K/V after an item writes its output).
+void check_run_aliasing(const AttentionPlan& plan, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse) {
+  validate::no_self_overlap("out", out);
+  validate::no_self_overlap("lse", lse);
+  const char* k_name = plan.kind == KVKind::paged ? "paged k" : "k";
+  const char* v_name = plan.kind == KVKind::paged ? "paged v" : "v";
+  for (const auto& [name, t] : {std::pair{"out", &out}, std::pair{"lse", &lse}}) {
+    if (!t->defined()) continue;
+    validate::no_overlap(name, *t, "q", q);
+    validate::no_overlap(name, *t, k_name, k);
+    validate::no_overlap(name, *t, v_name, v);
+    if (plan.workspace.defined()) validate::no_overlap(name, *t, "the workspace", plan.workspace);
+  }
+  if (lse.defined()) validate::no_overlap("out", out, "lse", lse);
+  if (plan.workspace.defined() && !plan.workspace.device().is_cpu()) {
+    validate::no_overlap("the workspace", plan.workspace, "q", q);
+    validate::no_overlap("the workspace", plan.workspace, k_name, k);
+    validate::no_overlap("the workspace", plan.workspace, v_name, v);
+  }
+}
+
 // Checks q, out and lse against the plan (any device).
 void check_query_output(const AttentionPlan& plan, const TensorView& q, const TensorView& out,
                         const TensorView& lse) {
+  check_run_device(plan, q);
   const auto& s = plan.shape;
   int64_t rows = plan.total_q_rows();
   const char* rows_what = plan.is_decode                     ? "batch_size"
@@ -221,9 +260,31 @@ void add_paged_segments(const AttentionPlan& plan, const PagedKVCache& kv, cpu::
   }
 }
 
-void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, int64_t batch) {
+// qo_indptr for a batch whose size the KV side set (`kv_what` names the array that did); every
+// request must have qo_len <= kv_len (its queries sit at the last qo_len positions).
+void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, std::string_view kv_what) {
+  const int64_t batch = int64_t(plan.kv_len.size());
+  validate::ndim("qo_indptr", qo_indptr, 1);
+  KVATTN_CHECK(qo_indptr.size(0) == batch + 1, "qo_indptr has ", qo_indptr.size(0), " elements (batch_size ",
+               qo_indptr.size(0) - 1, ") but ", kv_what, " describes batch_size ", batch,
+               "; both need batch_size + 1 elements");
   auto ind = validate::indptr("qo_indptr", qo_indptr, batch + 1);
+  KVATTN_CHECK(ind.back() <= kMaxTotalTokens, "qo_indptr[", batch, "] = ", ind.back(),
+               " query tokens exceed the limit of ", kMaxTotalTokens, " (kvattn/plan.h)");
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t qo = int64_t(ind[b + 1]) - ind[b];
+    KVATTN_CHECK(qo <= plan.kv_len[size_t(b)], "request ", b, " has qo_len = ", qo, " > kv_len = ",
+                 plan.kv_len[size_t(b)], " (qo_indptr[", b, "..", b + 1, "] = ", ind[b], "..", ind[b + 1],
+                 "); a request's queries are its last qo_len positions, so qo_len <= kv_len");
+  }
   plan.qo_indptr.assign(ind.begin(), ind.end());
+}
+
+// Each request's KV length within kMaxKVLen (positions and tile ends stay in int32).
+void check_kv_lengths(const AttentionPlan& plan) {
+  for (size_t b = 0; b < plan.kv_len.size(); ++b)
+    KVATTN_CHECK(plan.kv_len[b] <= kMaxKVLen, "request ", b, " has kv_len = ", plan.kv_len[b],
+                 ", more than the limit of ", kMaxKVLen, " tokens (kvattn/plan.h)");
 }
 
 // ---- CPU schedule -------------------------------------------------------------------------------
@@ -348,6 +409,7 @@ void run_decode_gpu(const AttentionPlan& plan, const TensorView& q, const PagedK
                     KVLayout layout, const TensorView& out, const TensorView& lse, void* stream) {
   check_query_output(plan, q, out, lse);
   check_paged_cache(plan, kv, layout, q.device());
+  check_run_aliasing(plan, q, kv.k, kv.v, out, lse);
   // The kernels copy K/V rows with 16-byte asynchronous copies.
   const int64_t esz = int64_t(dtype_size(kv.k.dtype()));
   for (const auto& [name, t] : {std::pair{"paged k", kv.k}, std::pair{"paged v", kv.v}}) {
@@ -407,12 +469,17 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::paged;
   plan->is_decode = true;
+  plan->api = "BatchDecode";
+  plan->workspace = workspace_;
   plan->shape = detail::resolve_shape(params);
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
   plan->variant = detail::make_variant_params(plan->shape);
   const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
   const auto table = plan_page_table(*plan, params.page_table, params.page_size, gpu);
+  check_kv_lengths(*plan);
+  KVATTN_CHECK(int64_t(plan->kv_len.size()) <= kMaxTotalTokens, "the batch has ", plan->kv_len.size(),
+               " requests, more than the limit of ", kMaxTotalTokens, " query tokens (kvattn/plan.h)");
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
@@ -449,6 +516,7 @@ void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorV
   }
   cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
   check_paged_cache(*plan_, kv, kv_layout_, q.device());
+  check_run_aliasing(*plan_, q, kv.k, kv.v, out, lse);
   add_paged_segments(*plan_, kv, p);
   run_cpu(*plan_, p, workspace_);
 }
@@ -491,6 +559,8 @@ BatchPrefill& BatchPrefill::operator=(BatchPrefill&&) noexcept = default;
 void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
   auto plan = std::make_unique<AttentionPlan>();
+  plan->api = "BatchPrefill";
+  plan->workspace = workspace_;
   plan->shape = detail::resolve_shape(params);
   plan->variant = detail::make_variant_params(plan->shape);
   if (params.page_table) {
@@ -508,10 +578,13 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
                  "BatchPrefill needs kv_indptr (ragged KV) or page_table (paged KV)");
     plan->kind = KVKind::ragged;
     auto ind = validate::indptr("kv_indptr", params.kv_indptr);
+    KVATTN_CHECK(ind.back() <= kMaxTotalTokens, "kv_indptr[", ind.size() - 1, "] = ", ind.back(),
+                 " KV tokens exceed the limit of ", kMaxTotalTokens, " (kvattn/plan.h)");
     plan->kv_indptr.assign(ind.begin(), ind.end());
     for (size_t b = 0; b + 1 < ind.size(); ++b) plan->kv_len.push_back(ind[b + 1] - ind[b]);
   }
-  plan_qo_indptr(*plan, params.qo_indptr, int64_t(plan->kv_len.size()));
+  check_kv_lengths(*plan);
+  plan_qo_indptr(*plan, params.qo_indptr, params.page_table ? "kv_indptr (page table)" : "kv_indptr");
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchPrefill");
   if (workspace_.defined() && !workspace_.device().is_cpu()) {
@@ -529,11 +602,13 @@ void BatchPrefill::run(const TensorView& q, const PagedKVCache& kv, const Tensor
   if (!q.device().is_cpu()) {
     check_query_output(*plan_, q, out, lse);
     check_paged_cache(*plan_, kv, kv_layout_, q.device());
+    check_run_aliasing(*plan_, q, kv.k, kv.v, out, lse);
     detail::run_prefill_gpu(*plan_, q, &kv, nullptr, nullptr, out, lse, stream);
     return;
   }
   cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
   check_paged_cache(*plan_, kv, kv_layout_, q.device());
+  check_run_aliasing(*plan_, q, kv.k, kv.v, out, lse);
   add_paged_segments(*plan_, kv, p);
   run_cpu(*plan_, p, workspace_);
 }
@@ -552,6 +627,7 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
                       "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
     check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
                       "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+    check_run_aliasing(plan, q, k, v, out, lse);
     detail::run_prefill_gpu(plan, q, nullptr, &k, &v, out, lse, stream);
     return;
   }
@@ -560,6 +636,7 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
                     "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
   check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
                     "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
+  check_run_aliasing(plan, q, k, v, out, lse);
   p.k_token_stride = k.stride(0);
   p.k_head_stride = k.stride(1);
   p.v_token_stride = v.stride(0);
@@ -610,6 +687,8 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::block_sparse;
+  plan->api = "BlockSparseAttention";
+  plan->workspace = workspace_;
   plan->shape = detail::resolve_shape(params);
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BlockSparseAttention; the BSR is the mask");
@@ -617,22 +696,35 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   const BSRMatrix& m = params.bsr;
   KVATTN_CHECK(m.R >= 1 && m.C >= 1, "bsr block size R x C = ", m.R, " x ", m.C,
                " must be at least 1 x 1");
-  KVATTN_CHECK(m.M >= 0 && m.M % m.R == 0, "bsr M = ", m.M, " is not a multiple of R = ", m.R);
-  KVATTN_CHECK(m.N >= 0 && m.N % m.C == 0, "bsr N = ", m.N, " is not a multiple of C = ", m.C);
+  KVATTN_CHECK(m.M >= 0 && m.M <= kMaxTotalTokens, "bsr M = ", m.M, " is out of range [0, ", kMaxTotalTokens,
+               "] (query rows, kvattn/plan.h)");
+  KVATTN_CHECK(m.N >= 0 && m.N <= kMaxKVLen, "bsr N = ", m.N, " is out of range [0, ", kMaxKVLen,
+               "] (KV rows, kvattn/plan.h)");
+  KVATTN_CHECK(m.R <= kMaxTotalTokens, "bsr R = ", m.R, " is out of range [1, ", kMaxTotalTokens, "]");
+  KVATTN_CHECK(m.C <= kMaxKVLen, "bsr C = ", m.C, " is out of range [1, ", kMaxKVLen, "]");
+  KVATTN_CHECK(m.M % m.R == 0, "bsr M = ", m.M, " is not a multiple of R = ", m.R);
+  KVATTN_CHECK(m.N % m.C == 0, "bsr N = ", m.N, " is not a multiple of C = ", m.C);
   int64_t row_blocks = m.M / m.R, col_blocks = m.N / m.C;
   auto ind = validate::indptr("bsr indptr", m.indptr, row_blocks + 1);
   auto idx = validate::int32_array("bsr indices", m.indices);
   KVATTN_CHECK(int64_t(idx.size()) >= ind.back(), "bsr indptr[", row_blocks, "] = ", ind.back(),
                " exceeds the length of bsr indices (", idx.size(), ")");
   validate::indices_in_range("bsr indices", idx.first(size_t(ind.back())), col_blocks);
-  std::vector<char> seen(size_t(col_blocks), 0);
+  for (int64_t br = 0; br < row_blocks; ++br)
+    KVATTN_CHECK(int64_t(ind[br + 1] - ind[br]) * m.C <= kMaxKVLen, "bsr block row ", br, " has ",
+                 ind[br + 1] - ind[br], " column blocks of ", m.C, " keys, more than the limit of ",
+                 kMaxKVLen, " keys (kvattn/plan.h)");
+  // Repeats within a block row, found by sorting each row's (index, position) pairs: memory in
+  // O(blocks of one row), whatever N / C is.
+  std::vector<std::pair<int32_t, int32_t>> row;
   for (int64_t br = 0; br < row_blocks; ++br) {
-    for (int32_t j = ind[br]; j < ind[br + 1]; ++j) {
-      KVATTN_CHECK(!seen[size_t(idx[j])], "bsr indices[", j, "] = ", idx[j],
-                   " repeats a column block already listed for block row ", br);
-      seen[size_t(idx[j])] = 1;
-    }
-    for (int32_t j = ind[br]; j < ind[br + 1]; ++j) seen[size_t(idx[j])] = 0;
+    row.clear();
+    for (int32_t j = ind[br]; j < ind[br + 1]; ++j) row.emplace_back(idx[j], j);
+    std::sort(row.begin(), row.end());
+    for (size_t i = 1; i < row.size(); ++i)
+      KVATTN_CHECK(row[i].first != row[i - 1].first, "bsr indices[", row[i].second, "] = ", row[i].first,
+                   " repeats a column block already listed for block row ", br, " (at bsr indices[",
+                   row[i - 1].second, "])");
   }
   plan->bsr_M = m.M;
   plan->bsr_N = m.N;
@@ -668,11 +760,13 @@ void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const T
   if (!q.device().is_cpu()) {
     check_query_output(plan, q, out, lse);
     check_kv();
+    check_run_aliasing(plan, q, k, v, out, lse);
     detail::run_block_sparse_gpu(plan, workspace_.device(), q, k, v, out, lse, stream);
     return;
   }
   cpu::EngineProblem p = begin_problem(plan, q, out, lse);
   check_kv();
+  check_run_aliasing(plan, q, k, v, out, lse);
   p.k_token_stride = k.stride(0);
   p.k_head_stride = k.stride(1);
   p.v_token_stride = v.stride(0);

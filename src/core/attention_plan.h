@@ -34,6 +34,9 @@ kernels::VariantParams make_variant_params(const ResolvedShape& s);
 struct AttentionPlan {
   KVKind kind = KVKind::paged;
   bool is_decode = false;
+  const char* api = "";  // "BatchDecode", ... (for messages)
+  // The wrapper's workspace (a GPU plan's kernels write partial states into it at run()).
+  TensorView workspace;
   ResolvedShape shape;
   kernels::VariantParams variant;  // custom-mask pointers point into the vectors below
   int page_size = 0;

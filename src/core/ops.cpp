@@ -83,6 +83,22 @@ void check_same_dtype(std::string_view name, const TensorView& t, std::string_vi
                ref_name, " has dtype ", dtype_name(ref.dtype()), "; they must match");
 }
 
+// The aliasing rules of kvattn/ops.h: each output is free of self-overlap and shares no memory
+// with another output or with an input, except an input that names it as its exact alias (the
+// same view: in-place operation).
+struct Output { std::string_view name; const TensorView* t; };
+struct Input { std::string_view name; const TensorView* t; std::string_view exact_alias_of; };
+void check_outputs(std::initializer_list<Output> outputs, std::initializer_list<Input> inputs) {
+  for (const Output& o : outputs) validate::no_self_overlap(o.name, *o.t);
+  for (auto a = outputs.begin(); a != outputs.end(); ++a)
+    for (auto b = a + 1; b != outputs.end(); ++b) validate::no_overlap(a->name, *a->t, b->name, *b->t);
+  for (const Output& o : outputs)
+    for (const Input& i : inputs) {
+      if (!i.t->defined()) continue;
+      validate::no_overlap(o.name, *o.t, i.name, *i.t, i.exact_alias_of == o.name);
+    }
+}
+
 cpu::MergeInput merge_input(const TensorView& v, const TensorView& s) {
   return {static_cast<const char*>(v.data()), v.stride(0), v.stride(1), s.data_as<const float>(),
           s.stride(0), s.stride(1)};
@@ -147,6 +163,8 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
     check_lse_tensor(name, *s, 2, dev, "v_a");
     check_same_dims(name, *s, "v_a", v_a, {{0, 0}, {1, 1}});
   }
+  check_outputs({{"v_out", &v_out}, {"s_out", &s_out}},
+                {{"v_a", &v_a, "v_out"}, {"s_a", &s_a, "s_out"}, {"v_b", &v_b, "v_out"}, {"s_b", &s_b, "s_out"}});
   if (!dev.is_cpu()) {
 #if KVATTN_WITH_CUDA
     for (auto [name, t] : {std::pair{"v_a", &v_a}, std::pair{"s_a", &s_a}, std::pair{"v_b", &v_b},
@@ -197,6 +215,7 @@ void merge_state_in_place(const TensorView& v, const TensorView& s, const Tensor
     check_same_dims("mask", mask, "v", v, {{0, 0}});
     check_data("mask", mask);
   }
+  check_outputs({{"v", &v}, {"s", &s}}, {{"v_other", &v_other, "v"}, {"s_other", &s_other, "s"}, {"mask", &mask, ""}});
   if (!dev.is_cpu()) {
 #if KVATTN_WITH_CUDA
     for (auto [name, t] : {std::pair{"v", &v}, std::pair{"s", &s}, std::pair{"v_other", &v_other},
@@ -247,6 +266,7 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   check_same_dims("v_out", v_out, "v", v, {{0, 0}, {1, 2}, {2, 3}});
   check_lse_tensor("s_out", s_out, 2, dev, "v");
   check_same_dims("s_out", s_out, "v", v, {{0, 0}, {1, 2}});
+  check_outputs({{"v_out", &v_out}, {"s_out", &s_out}}, {{"v", &v, ""}, {"s", &s, ""}});
   if (!dev.is_cpu()) {
 #if KVATTN_WITH_CUDA
     for (auto [name, t] : {std::pair{"v", &v}, std::pair{"s", &s}, std::pair{"v_out", &v_out},
@@ -400,6 +420,10 @@ void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_
   validate::dim("append_v", append_v, 0, nnz, "append_k.shape[0] (nnz)");
   validate::dim("append_v", append_v, 1, heads, cache_k + ".shape[" + std::to_string(head_dim) + "] (num_kv_heads)");
   validate::dim("append_v", append_v, 2, cache.head_dim_vo(), "paged v.shape[3] (head_dim)");
+  check_outputs({{"paged k", &cache.k}, {"paged v", &cache.v}},
+                {{"append_k", &append_k, ""}, {"append_v", &append_v, ""}, {"batch_indices", &batch_indices, ""},
+                 {"positions", &positions, ""}, {"kv_indptr", &page_table.indptr, ""},
+                 {"kv_indices", &page_table.indices, ""}, {"kv_last_page_len", &page_table.last_page_len, ""}});
   if (!dev.is_cpu()) {
     append_paged_gpu(append_k, append_v, batch_indices, positions, cache, page_table, stream);
     return;
@@ -469,10 +493,6 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
     validate::last_dim_contiguous(name, *out);
     validate::same_device(name, *out, dev, "q");
     check_data(name, *out);
-    if (out->data() == in->data() && out->numel() > 0)
-      KVATTN_CHECK(out->stride(0) == in->stride(0) && out->stride(1) == in->stride(1), name,
-                   " aliases ", in_name, " with other strides (", out->describe(), " vs ",
-                   in->describe(), "); in-place RoPE needs identical views");
   }
   auto pos = validate::int32_array("pos_ids", pos_ids, nnz);
 
@@ -506,6 +526,10 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
     vp.llama31_high_freq_factor = l.high_freq_factor;
     vp.llama31_original_max_position = l.original_max_position;
   }
+  // q_out may be q itself and k_out k itself (in place); nothing else may share memory, so k_out
+  // never overwrites q (or q_out k) before it is read.
+  check_outputs({{"q_out", &q_out}, {"k_out", &k_out}},
+                {{"q", &q, "q_out"}, {"k", &k, "k_out"}, {"pos_ids", &pos_ids, ""}});
 #if KVATTN_WITH_CUDA
   KVATTN_CHECK(dev.is_cpu(), "q is on ", dev.str(),
                " but apply_rope has no GPU implementation yet; pass host (cpu) tensors");

@@ -15,9 +15,11 @@
 #include <cstddef>
 #include <limits>
 #include <numeric>
+#include <string>
 
 #include "kvattn/error.h"
 #include "kvattn/plan.h"
+#include "core/request_work.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -172,6 +174,7 @@ struct Problem {
   int64_t align;
   int slice_heads, slice_workers;
   CostModel cm;
+  int64_t max_slice_items;  // int32 indices: items of one slice x slices stay below 2^31
 };
 
 // The least-loaded worker among many (more than kWindowWorkers), kept by a tournament tree of
@@ -293,9 +296,11 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
                  "] = ", in.qo_indptr[size_t(b + 1)], " is less than qo_indptr[", b,
                  "] = ", in.qo_indptr[size_t(b)], " (request ", b,
                  " would have a negative query length)");
-    KVATTN_CHECK(in.kv_len[size_t(b)] >= 0, "kv_len[", b, "] = ", in.kv_len[size_t(b)],
-                 " is negative");
+    KVATTN_CHECK(in.kv_len[size_t(b)] >= 0 && in.kv_len[size_t(b)] <= kMaxKVLen, "kv_len[", b, "] = ",
+                 in.kv_len[size_t(b)], " is out of range [0, ", kMaxKVLen, "] (kvattn/plan.h)");
   }
+  KVATTN_CHECK(in.qo_indptr.back() <= kMaxTotalTokens, "qo_indptr[", B, "] = ", in.qo_indptr.back(),
+               " query tokens exceed the limit of ", kMaxTotalTokens, " (kvattn/plan.h)");
   if (opt.cuda_graph) {
     const GraphCapacity& g = *opt.cuda_graph;
     KVATTN_CHECK(g.max_batch >= 1, "cuda_graph.max_batch = ", g.max_batch, " must be >= 1");
@@ -306,6 +311,84 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
                  " exceeds the cuda_graph capacity max_batch = ", g.max_batch);
     KVATTN_CHECK(in.qo_indptr.back() <= g.max_tokens, "qo_indptr[", B, "] = ", in.qo_indptr.back(),
                  " query tokens exceed the cuda_graph capacity max_tokens = ", g.max_tokens);
+  }
+}
+
+// sum over t in [lo, hi) of max(0, a + b t), for b in {-T, 0, T}: the positive part of a line is
+// one interval of t, summed as an arithmetic series.
+__int128 positive_sum(int64_t lo, int64_t hi, int64_t a, int64_t b) {
+  if (lo >= hi) return 0;
+  auto value = [&](int64_t t) { return __int128(a) + __int128(b) * t; };
+  if (b == 0) return a > 0 ? __int128(a) * (hi - lo) : 0;
+  if (b > 0) {  // positive from the first t with a + b t > 0 on
+    if (value(lo) <= 0) lo += int64_t((-value(lo)) / b) + 1;
+  } else {  // positive up to the last t with a + b t > 0
+    if (value(hi - 1) <= 0) hi -= int64_t((-value(hi - 1)) / (-b)) + 1;
+  }
+  if (lo >= hi) return 0;
+  const __int128 n = hi - lo;
+  return (value(lo) + value(hi - 1)) * n / 2;  // an integer: the two ends have the parity of n - 1 steps
+}
+}  // namespace
+
+RequestWork request_work(int64_t qo, int64_t kv, int query_tile, bool causal, int window_left) {
+  RequestWork w;
+  if (qo <= 0) return w;
+  const int64_t T = query_tile, n = (qo + T - 1) / T, off = kv - qo;
+  w.tiles = n;
+  // The tiles' visible ranges, as the planner builds them: [v0, v1) with
+  // v1 = causal ? min(kv, off + q1) : kv and v0 = window ? max(0, off + q0 - w) : 0.
+  auto visible = [&](int64_t q0, int64_t q1) -> int64_t {
+    const int64_t v1 = causal ? std::min(kv, off + q1) : kv;
+    const int64_t v0 = window_left >= 0 ? std::max<int64_t>(0, off + q0 - window_left) : 0;
+    return v1 > v0 ? v1 - v0 : 0;
+  };
+  w.visible = visible((n - 1) * T, qo);  // the last tile (maybe partial)
+  // Full tiles t in [0, n - 1): q0 = t T, q1 = (t + 1) T <= qo - 1, so off + q1 < kv: the causal
+  // end is off + (t + 1) T. The window's start is 0 below t0 and off + t T - w from t0 on.
+  const int64_t full = n - 1;
+  const int64_t start = window_left >= 0 ? off - window_left : 0;  // v0 = max(0, start + t T)
+  int64_t t0 = window_left >= 0 ? (start >= 0 ? 0 : (-start + T - 1) / T) : full;
+  t0 = std::min(t0, full);
+  const int64_t end_a = causal ? off + T : kv, end_b = causal ? T : 0;  // v1 = end_a + end_b t
+  w.visible += positive_sum(0, t0, end_a, end_b);                        // v0 = 0
+  w.visible += positive_sum(t0, full, end_a - start, end_b - T);         // v0 = start + t T
+  return w;
+}
+
+namespace {
+// Limits a batch must meet whatever the split: computed in O(batch) from the lengths, before any
+// allocation proportional to the work. Every schedule has at least one item per (query tile, KV
+// head), and splitting only adds cost, so a batch over either limit unsplit fails every schedule.
+void check_batch_size(const PlannerInputs& in, const SchedulerOptions& opt) {
+  const int64_t B = int64_t(in.qo_indptr.size()) - 1;
+  const int64_t H = in.num_kv_heads, group = in.num_qo_heads / in.num_kv_heads;
+  const CostModel& c = opt.cost;
+  int64_t tiles = 0;
+  __int128 visible = 0, cost = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t qo = int64_t(in.qo_indptr[size_t(b + 1)]) - in.qo_indptr[size_t(b)];
+    const RequestWork w = request_work(qo, in.kv_len[size_t(b)], in.tile.query_tokens, in.causal,
+                                       in.window_left);
+    tiles += w.tiles;
+    visible += w.visible;
+    cost += __int128(c.per_item) * w.tiles + __int128(c.per_query_row) * qo * group +
+            __int128(c.per_kv_token) * w.visible;
+  }
+  const int64_t int32_max = std::numeric_limits<int32_t>::max();
+  KVATTN_CHECK(tiles * H <= int32_max, "the batch needs at least ", tiles, " query tiles x ", H,
+               " KV heads = ", tiles * H, " work items, more than int32 indices can address");
+  const int64_t slice_heads = H / std::gcd(int64_t(opt.num_workers), H);
+  const __int128 total = cost * slice_heads;
+  KVATTN_CHECK(total <= kMaxLoad, "the batch's total cost (",
+               total > std::numeric_limits<int64_t>::max() ? std::string("more than 2^63")
+                                                           : std::to_string(int64_t(total)),
+               " under the cost model) exceeds the planner's limit of ", kMaxLoad);
+  if (opt.fixed_split_size > 0 && !opt.disable_split_kv) {
+    const __int128 chunks = visible / opt.fixed_split_size;  // a lower bound of the chunks
+    KVATTN_CHECK(chunks * H <= int32_max, "fixed_split_size = ", opt.fixed_split_size, " cuts the batch's ",
+                 int64_t(visible), " visible KV tokens into at least ", int64_t(chunks), " chunks x ", H,
+                 " KV heads, more work items than int32 indices can address");
   }
 }
 
@@ -616,6 +699,8 @@ bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split
 
   // Items longest first, each repeated for the slice's heads: the unsplit groups (already in
   // order) merged with the split chunks; on equal cost the lower group index goes first.
+  KVATTN_CHECK(num_items * pb.slice_heads <= pb.max_slice_items, "the plan needs ", num_items * pb.slice_heads,
+               " work items per slice of KV heads (split size ", split, "), more than int32 indices can address");
   const size_t num_assigns = size_t(num_items) * size_t(pb.slice_heads);
   s.assigns.resize(num_assigns);
   // At most one run an item; the buffer only grows (s.num_runs says how much of it is this one's).
@@ -742,6 +827,7 @@ void replicate_slice(WorkItem* dst, const WorkItem* src, int64_t n, int16_t dh, 
 
 const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) {
   check_inputs(in, opt);
+  check_batch_size(in, opt);
   Scratch& sc = *scratch_;
   Plan& p = plan_;
   const int64_t B = int64_t(in.qo_indptr.size()) - 1;
@@ -836,7 +922,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   // ---- split size ----------------------------------------------------------------------------
   const Problem pb{&sc.groups,     &sc.ordered, &sc.by_len,   &sc.lengthwise, &sc.suffix_cost,
                    &sc.suffix_max, max_len,     unsplit_total, max_cost,       align,
-                   slice_heads,    slice_workers, cm};
+                   slice_heads,    slice_workers, cm, std::numeric_limits<int32_t>::max() / slices};
   // schedule() finds the groups a split size cuts through by_len.
   auto schedule_split = [&](Schedule& s, int32_t split, bool balanced,
                             int64_t give_up = std::numeric_limits<int64_t>::max()) {
@@ -855,7 +941,9 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     sc.estimates.push_back({split, e});
     return e;
   };
+  // A split size fits when its items stay within int32 indices and (graph mode) the split budget.
   auto fits = [&](int64_t slice_items) {
+    if (slice_items * slices > std::numeric_limits<int32_t>::max()) return false;
     return split_budget < 0 || slice_items * slices - unsplit_items <= split_budget;
   };
   if (opt.disable_split_kv || max_len == 0) {
@@ -1057,8 +1145,8 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
     it.partial_slot = -1;
     if (slot0 >= 0) {  // a chunk of a cut group (only those have best.cuts)
       const Cut& cut = best.cuts[size_t(a.group)];
-      it.kv_begin = g.v0 + a.chunk * cut.piece;
-      it.kv_end = std::min<int32_t>(g.v1, it.kv_begin + cut.piece);
+      it.kv_begin = int32_t(g.v0 + int64_t(a.chunk) * cut.piece);
+      it.kv_end = int32_t(std::min<int64_t>(g.v1, int64_t(it.kv_begin) + cut.piece));
       it.partial_slot = int32_t(a.head * head_slots + slot0 + a.chunk);
     }
     items[sc.cursor[size_t(a.worker)]++] = it;

@@ -23,6 +23,42 @@ DType parse_dtype(std::string_view n) {
   detail::throw_error("unknown dtype '", n, "' (expected f32, f16, bf16, e4m3, e5m2, i32 or u8)");
 }
 
+// Shapes must be >= 0 and strides >= 0, and every element's byte offset (and the element count)
+// must fit in int64 and in the address space from `data` on: a view that passes can be walked
+// with int64 arithmetic without overflow, so no later check reads outside it by wrapping around.
+void TensorView::check_extent() const {
+  for (int d = 0; d < ndim_; ++d) {
+    KVATTN_CHECK(shape_[d] >= 0, "a tensor view has shape[", d, "] = ", shape_[d],
+                 "; sizes must be >= 0 (", describe(), ")");
+    KVATTN_CHECK(strides_[d] >= 0, "a tensor view has stride[", d, "] = ", strides_[d],
+                 "; kvattn takes strides >= 0 (", describe(), "; pass a copy of a flipped array)");
+  }
+  int64_t n = 1;
+  for (int d = 0; d < ndim_; ++d)
+    KVATTN_CHECK(!__builtin_mul_overflow(n, shape_[d], &n), "a tensor view of ", describe(),
+                 " has more elements than int64 can count");
+  if (n == 0) return;
+  const int64_t esz = int64_t(dtype_size(dtype_));
+  int64_t last = 0;  // byte offset of the last element
+  for (int d = 0; d < ndim_; ++d) {
+    int64_t step = 0;
+    KVATTN_CHECK(!__builtin_mul_overflow(shape_[d] - 1, strides_[d], &step) &&
+                     !__builtin_mul_overflow(step, esz, &step) &&
+                     !__builtin_add_overflow(last, step, &last),
+                 "a tensor view of ", describe(), " spans more bytes than int64 can address");
+  }
+  KVATTN_CHECK(uint64_t(last) + uint64_t(esz) <= UINTPTR_MAX - reinterpret_cast<uintptr_t>(data_),
+               "a tensor view of ", describe(), " at address ", data_,
+               " runs past the end of the address space");
+}
+
+int64_t TensorView::extent_bytes() const {
+  if (ndim_ == 0 || numel() == 0) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < ndim_; ++d) last += (shape_[d] - 1) * strides_[d];
+  return (last + 1) * int64_t(dtype_size(dtype_));
+}
+
 TensorView::TensorView(const void* data, DType dtype, std::initializer_list<int64_t> shape,
                        Device device)
     : data_(const_cast<void*>(data)), dtype_(dtype), device_(device), ndim_(int(shape.size())) {
@@ -30,10 +66,17 @@ TensorView::TensorView(const void* data, DType dtype, std::initializer_list<int6
                " dimensions, got ", ndim_);
   int d = 0;
   for (int64_t s : shape) shape_[d++] = s;
+  fill_contiguous_strides();
+  check_extent();
+}
+
+// Row-major strides; a product past int64 leaves the later strides at 0 and check_extent() (which
+// counts the elements first) rejects the view.
+void TensorView::fill_contiguous_strides() {
   int64_t stride = 1;
   for (int i = ndim_ - 1; i >= 0; --i) {
     strides_[i] = stride;
-    stride *= shape_[i];
+    if (stride != 0 && __builtin_mul_overflow(stride, shape_[i] < 0 ? 0 : shape_[i], &stride)) stride = 0;
   }
 }
 
@@ -44,6 +87,7 @@ TensorView::TensorView(const void* data, DType dtype, std::initializer_list<int6
                shape.size(), " dimensions, ", strides.size(), " strides");
   int d = 0;
   for (int64_t s : strides) strides_[d++] = s;
+  check_extent();
 }
 
 TensorView::TensorView(const void* data, DType dtype, int ndim, const int64_t* shape,
@@ -51,12 +95,11 @@ TensorView::TensorView(const void* data, DType dtype, int ndim, const int64_t* s
     : data_(const_cast<void*>(data)), dtype_(dtype), device_(device), ndim_(ndim) {
   KVATTN_CHECK(ndim >= 1 && ndim <= kMaxDims, "a tensor view has 1 to ", kMaxDims,
                " dimensions, got ", ndim);
-  int64_t stride = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
-    shape_[i] = shape[i];
-    strides_[i] = strides ? strides[i] : stride;
-    stride *= shape[i];
-  }
+  for (int i = 0; i < ndim; ++i) shape_[i] = shape[i];
+  fill_contiguous_strides();
+  if (strides)
+    for (int i = 0; i < ndim; ++i) strides_[i] = strides[i];
+  check_extent();
 }
 
 int64_t TensorView::numel() const {

@@ -1,6 +1,9 @@
 #include "core/validate.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 
 namespace kvattn::validate {
 
@@ -82,6 +85,69 @@ void indices_in_range(std::string_view name, std::span<const int32_t> values, in
                  " is out of range [0, ", bound, ")");
 }
 
+// ---- aliasing ---------------------------------------------------------------------------------
+namespace {
+uintptr_t address(const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data()); }
+bool empty(const TensorView& t) { return !t.defined() || t.numel() == 0; }
+}  // namespace
+
+void no_self_overlap(std::string_view name, const TensorView& t) {
+  if (empty(t)) return;
+  std::array<std::pair<int64_t, int64_t>, TensorView::kMaxDims> dims{};  // (stride, size)
+  int n = 0;
+  for (int d = 0; d < t.ndim(); ++d)
+    if (t.size(d) > 1) dims[size_t(n++)] = {t.stride(d), t.size(d)};
+  std::sort(dims.begin(), dims.begin() + n);
+  int64_t reach = 0;  // farthest element offset the smaller strides reach
+  for (int i = 0; i < n; ++i) {
+    const auto [stride, size] = dims[size_t(i)];
+    KVATTN_CHECK(stride > reach, name, " = ", t.describe(),
+                 " has elements that share memory (a stride of ", stride,
+                 " along a dimension of ", size, "); an output needs distinct memory per element");
+    reach += (size - 1) * stride;
+  }
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data() != b.data() || a.dtype() != b.dtype() || a.ndim() != b.ndim() || a.device() != b.device())
+    return false;
+  for (int d = 0; d < a.ndim(); ++d)
+    if (a.size(d) != b.size(d) || (a.size(d) > 1 && a.stride(d) != b.stride(d))) return false;
+  return true;
+}
+
+bool may_overlap(const TensorView& a, const TensorView& b) {
+  if (empty(a) || empty(b) || a.device() != b.device()) return false;
+  const uintptr_t a0 = address(a), a1 = a0 + uintptr_t(a.extent_bytes());
+  const uintptr_t b0 = address(b), b1 = b0 + uintptr_t(b.extent_bytes());
+  if (a1 <= b0 || b1 <= a0) return false;
+  // Rows of one row stride S that interleave: a's bytes sit at [0, ra) and b's at [d, d + rb)
+  // modulo S, where d is the distance of their starts.
+  if (a.ndim() >= 2 && b.ndim() >= 2 && a.size(0) > 1 && b.size(0) > 1) {
+    const int64_t S = a.stride(0) * int64_t(dtype_size(a.dtype()));
+    if (S > 0 && S == b.stride(0) * int64_t(dtype_size(b.dtype()))) {
+      const int64_t ra = a.select(0).extent_bytes(), rb = b.select(0).extent_bytes();
+      if (ra <= S && rb <= S) {
+        const int64_t d = (int64_t(b0 - a0) % S + S) % S;
+        return d < ra || d + rb > S;
+      }
+    }
+  }
+  return true;
+}
+
+void no_overlap(std::string_view out_name, const TensorView& out, std::string_view other_name,
+                const TensorView& other, bool allow_exact) {
+  if (allow_exact && same_view(out, other)) return;
+  KVATTN_CHECK(!allow_exact || out.data() != other.data() || empty(out) || empty(other), out_name,
+               " aliases ", other_name, " with other strides or shape (", out.describe(), " vs ",
+               other.describe(), "); in place, the two must be identical views");
+  KVATTN_CHECK(!may_overlap(out, other), out_name, " (", out.describe(), " at ", out.data(),
+               ") overlaps ", other_name, " (", other.describe(), " at ", other.data(), ")",
+               allow_exact ? "; it may only alias it exactly (the same pointer, shape and strides)"
+                           : "; they must not share memory");
+}
+
 PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages,
                          bool device_indices_ok) {
   KVATTN_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");
@@ -106,6 +172,11 @@ PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages,
     info.indices = int32_array("kv_indices", t.indices);
     num_indices = int64_t(info.indices.size());
   }
+  ndim("kv_last_page_len", t.last_page_len, 1);
+  KVATTN_CHECK(t.last_page_len.size(0) == info.batch_size, "kv_indptr has ", info.indptr.size(),
+               " elements (batch_size ", info.batch_size, ") but kv_last_page_len has ",
+               t.last_page_len.size(0), " (batch_size ", t.last_page_len.size(0),
+               "): kv_indptr needs batch_size + 1 elements, kv_last_page_len batch_size");
   info.last_page_len = int32_array("kv_last_page_len", t.last_page_len, info.batch_size);
   KVATTN_CHECK(num_indices >= info.indptr.back(), "kv_indptr[", info.batch_size, "] = ",
                info.indptr.back(), " exceeds the length of kv_indices (", num_indices, ")");

@@ -53,4 +53,20 @@ PageTableInfo page_table(const PageTable& t, int page_size, int64_t num_pages = 
                          bool device_indices_ok = false);
 int64_t paged_kv_len(const PageTableInfo& info, int page_size, int64_t request);
 
+// ---- aliasing ---------------------------------------------------------------------------------
+// The rules the public headers state: an output never overlaps itself (no stride of 0 along a
+// dimension of size > 1, no strides that give two elements the same bytes) and never shares a
+// byte with another tensor of the call, except, where an operation allows it, as exactly the same
+// view (same pointer, dtype, shape and strides). Checked from the views alone (host and device
+// pointers alike; tensors on different devices never overlap), in O(1) per pair.
+void no_self_overlap(std::string_view name, const TensorView& t);
+// Whether a and b may share a byte: their byte ranges intersect, unless both are row-strided with
+// the same row stride and their rows interleave without touching (q and k of one fused QKV
+// buffer).
+bool may_overlap(const TensorView& a, const TensorView& b);
+bool same_view(const TensorView& a, const TensorView& b);
+// out must not overlap `other`; allow_exact: unless it is the same view.
+void no_overlap(std::string_view out_name, const TensorView& out, std::string_view other_name,
+                const TensorView& other, bool allow_exact = false);
+
 }  // namespace kvattn::validate
