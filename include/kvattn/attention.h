@@ -15,6 +15,18 @@
 
 namespace kvattn {
 
+// Rules every plan() and run() enforces (kvattn::Error naming the argument otherwise):
+//  - Limits (kvattn/plan.h): a request's kv_len <= kMaxKVLen, a batch's query tokens (and ragged
+//    KV tokens) <= kMaxTotalTokens; the planner rejects a batch whose work items would not fit
+//    int32 indices or whose cost passes its limit, from the lengths alone (O(batch), before it
+//    allocates anything proportional to the work).
+//  - Devices: run() computes where q is: on the host (the CPU backend runs any plan) or on the
+//    CUDA device of the workspace the plan was made with; every other tensor must be there too.
+//  - Aliasing: out and lse never overlap themselves (no stride of 0 along a dimension of size
+//    > 1), each other, q, K, V or the workspace; in-place attention (out = q) is not supported.
+//    Overlap is judged from the views' byte ranges (rows of one row stride that interleave without
+//    touching, as q, k and v of one fused QKV buffer, do not overlap).
+
 // What every attention plan shares: heads, head dims, dtypes, the variant.
 struct AttentionShape {
   int num_qo_heads = 0;

@@ -8,6 +8,13 @@
 // may be captured in a CUDA graph. The first call of a kernel on a device compiles or loads it
 // (JIT, `kvattn jit precompile`): make one call before capturing. Errors the host cannot see
 // (the values of device index arrays) are handled by the kernel as documented per operation.
+//
+// Aliasing, for every operation: an output never overlaps itself (no stride of 0 along a
+// dimension of size > 1) or another output, and shares no memory with an input, except where an
+// operation says that it may alias one exactly (the same pointer, dtype, shape and strides: in
+// place). Overlap is judged from the views' byte ranges; rows of one row stride that interleave
+// without touching (q and k of one fused QKV buffer, K and V of a combined cache) do not overlap.
+// A call that breaks a rule throws kvattn::Error before it writes anything.
 #pragma once
 
 #include "kvattn/formats.h"
@@ -19,7 +26,7 @@ namespace kvattn {
 // (o, lse) (+) (o_other, lse_other) for states over disjoint KV sets (SEMANTICS.md, "Merging").
 // v_*: [n, H, D] f32/f16/bf16; s_*: [n, H] f32, base-2 LSE. v_a and v_b share a dtype; v_out may
 // have any of the three. Arithmetic is f32. Any strides are allowed as long as the head dim (the
-// last) is contiguous; an output may alias an input exactly (same pointer and strides). A side with
+// last) is contiguous; v_out may alias v_a or v_b exactly, s_out s_a or s_b (in place). A side with
 // lse = -inf leaves the other unchanged (its o is not read); both -inf give o = 0, lse = -inf.
 // The same on the GPU (the states' f32 fold may differ from the CPU's in the last bits).
 // stream: a cudaStream_t for CUDA tensors, else ignored (likewise below).
@@ -27,12 +34,13 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
                  const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
                  void* stream = nullptr);
 // v <- v (+) v_other in place; rows whose mask byte ([n] u8, any stride; on the device of v) is 0
-// are left untouched (v and s). v_other has v's dtype.
+// are left untouched (v and s). v_other has v's dtype; it may be v itself (and s_other s), nothing
+// else may overlap v or s.
 void merge_state_in_place(const TensorView& v, const TensorView& s, const TensorView& v_other,
                           const TensorView& s_other, const TensorView& mask = {},
                           void* stream = nullptr);
 // Folds k states per row in index order: v [n, k, H, D], s [n, k, H] -> v_out [n, H, D], s_out [n, H].
-// k = 0 gives o = 0, lse = -inf. Inputs with lse = -inf are skipped.
+// k = 0 gives o = 0, lse = -inf. Inputs with lse = -inf are skipped. The outputs overlap no input.
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                   const TensorView& s_out, void* stream = nullptr);
 
@@ -43,7 +51,7 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
 // dtype may differ from the cache's (e.g. bf16 rows into an e4m3 cache): values are converted with
 // round-to-nearest-even, fp8 saturating at its largest finite value and with no scaling (divide by
 // k_scale / v_scale before appending if the attention uses them); equal dtypes copy the bits. The
-// GPU writes the same bits as the CPU.
+// GPU writes the same bits as the CPU. The cache (its K and V views) overlaps no other argument.
 //
 // Where the index arrays live, and what is checked:
 //  - CPU cache: batch_indices, positions and the page table are host arrays. Everything is
@@ -68,7 +76,8 @@ struct RopeOptions : RopeConfig {
 };
 
 // q [nnz, Hq, D], k [nnz, Hk, D] (f32/f16/bf16) rotated by pos_ids [nnz] (int32, host) into q_out,
-// k_out (the dtypes and shapes of q and k; they may alias the inputs with identical strides). The
+// k_out (the dtypes and shapes of q and k; q_out may alias q and k_out k exactly, in place, and no
+// other pair may overlap: a k_out over q would rotate k from an already rotated q). The
 // first rotary_dim (even, <= D) elements of each head are rotated (SEMANTICS.md, with d =
 // rotary_dim in the frequency); the rest are copied unchanged. Computed in f32 with the same code
 // as the fused RoPE of attention.
