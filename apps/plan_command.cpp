@@ -43,7 +43,7 @@ struct PlanArgs {
   int width = 66;
 };
 
-// The scheduling scenarios (docs/PERFORMANCE.md, "Planner").
+// The scheduling scenarios (docs/perf/HISTORY.md, "Planner").
 std::string scenario_spec(const std::string& name) {
   if (name == "a" || name == "zipf") return "zipf:64:4096";
   if (name == "b" || name == "long") return "long:32768:63:512";

@@ -57,7 +57,7 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
     if (group % g == 0) c.heads_per_cta = g;
   c.stages = 2;
   c.threads = 128;
-  // One CTA per item measured faster than persistent workers on the H200 (docs/PERFORMANCE.md);
+  // One CTA per item measured faster than persistent workers on the H200 (docs/DECISIONS.md);
   // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
   const char* grid_env = detail::knob("KVATTN_DECODE_GRID");
   const std::string grid = grid_env ? grid_env : "";
@@ -156,7 +156,7 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
              std::to_string(c.threads) + ">";
     spec.source = "#include \"kernels/decode/decode_kernel.cuh\"\n";
   }
-  // Experiment knob (docs/NOTES.md): KVATTN_DECODE_L2_PREFETCH=64|128|256 adds the L2 prefetch
+  // Experiment knob (docs/DECISIONS.md): KVATTN_DECODE_L2_PREFETCH=64|128|256 adds the L2 prefetch
   // hint to the K/V copies.
   if (const char* l2 = detail::knob("KVATTN_DECODE_L2_PREFETCH")) {
     const std::string v = l2;

@@ -42,7 +42,7 @@ struct DecodeKernelConfig {
   bool operator==(const DecodeKernelConfig&) const = default;
 };
 
-// The heuristic, from measurements on the H200 (docs/PERFORMANCE.md): tensor cores whenever the KV
+// The heuristic, from measurements on the H200 (docs/DECISIONS.md): tensor cores whenever the KV
 // is f16/bf16, q has the same dtype and RoPE is not fused (the MMA needs both operands in one type;
 // fused RoPE rotates K in f32 on the CUDA-core path). On tensor cores, when `bulk_copies` (the
 // device is sm_90 or later: DecodeRunner::plan passes it) the bulk-copy kernel, 3 stages of 64
@@ -96,7 +96,7 @@ struct DecodeBatchShape {
 // with a kernel that fits max_smem_per_block, the decode kernel would be a tensor-core one
 // (f16/bf16 KV, no fused RoPE) and the group has 4 to 16 heads; then:
 //  - devices without bulk copies (sm_80/86/89, sm_120): always. On the H200 with the cp.async
-//    decode kernel forced, the prefill kernels decoded 10-17% faster (docs/PERFORMANCE.md);
+//    decode kernel forced, the prefill kernels decoded 10-17% faster (docs/DECISIONS.md);
 //  - devices with bulk copies (sm_90+): for long batches of plain softmax decode (no variant
 //    feature but causal, which decode does not cut), outside CUDA-graph mode: at least 128
 //    (request, KV head) pairs and a mean length of at least kLongDecodeMeanTokens. H200, 32/8, page

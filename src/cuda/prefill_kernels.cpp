@@ -43,7 +43,7 @@ std::string PrefillKernelConfig::name() const {
 std::string prefill_variant_for() {
   const char* v = detail::knob("KVATTN_PREFILL_VARIANT");
   if (v && *v) return v;
-  // m2k64 is the fastest on the H200 (docs/PERFORMANCE.md). Soft-cap at head dims 65-128 took
+  // m2k64 is the fastest on the H200 (docs/DECISIONS.md). Soft-cap at head dims 65-128 took
   // m2k48 until 29ac2ce (m2k64 spilled); with the soft-cap tuning m2k64 measured 308.6 against
   // m2k48's 270.9 TFLOP/s (1 x 16k causal; 2026-11-30, docs/perf/HISTORY.md).
   return "m2k64";
