@@ -489,12 +489,14 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
     const bool on_prefill = decode_on_prefill_kernels(*plan, workspace_);
     // Only a switch between two graph-mode plans can break a captured run(); an eager plan before
     // (sm_90's long batches run on the prefill kernels) captured nothing.
+#if KVATTN_WITH_CUDA  // (without the CUDA backend the plan has no GPU runners; plan_decode_gpu throws)
     KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !plan_->scheduler.cuda_graph ||
                      !(plan_->gpu_prefill || plan_->gpu_decode) || (plan_->gpu_prefill != nullptr) == on_prefill,
                  "BatchDecode in CUDA-graph mode cannot move from the ", on_prefill ? "decode" : "prefill",
                  " kernels to the ", on_prefill ? "prefill" : "decode",
                  " kernels between plans (a captured run() replays the kernels it captured); "
                  "KVATTN_DECODE_KERNEL changed");
+#endif
     if (on_prefill) {
       plan->kv_indices.assign(table.indices.begin(), table.indices.end());
       detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
