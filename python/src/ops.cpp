@@ -1,0 +1,144 @@
+// The stand-alone operations of kvattn/ops.h: merge_state, merge_state_in_place, merge_states,
+// append_paged_kv_cache, apply_rope. Outputs not given are allocated in the first input's framework.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include "common.h"
+
+namespace kvattn::py {
+
+namespace {
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  m.def(
+      "merge_state",
+      [](nb::handle v_a, nb::handle s_a, nb::handle v_b, nb::handle s_b, nb::handle v_out,
+         nb::handle s_out, nb::handle stream) {
+        Held ha, hsa, hb, hsb, ho, hso;
+        const TensorView& va = tensor_arg("v_a", v_a, ha);
+        const TensorView& sa = tensor_arg("s_a", s_a, hsa);
+        const TensorView& vb = tensor_arg("v_b", v_b, hb);
+        const TensorView& sb = tensor_arg("s_b", s_b, hsb);
+        nb::object vo = nb::borrow(v_out), so = nb::borrow(s_out);
+        if (vo.is_none() && va.ndim() == 3)
+          vo = empty_like_framework(v_a, {va.size(0), va.size(1), va.size(2)}, va.dtype());
+        if (so.is_none() && va.ndim() == 3)
+          so = empty_like_framework(v_a, {va.size(0), va.size(1)}, DType::f32);
+        const TensorView& o = tensor_arg("v_out", vo, ho, true, true);
+        const TensorView& os = tensor_arg("s_out", so, hso, true, true);
+        void* st = stream_arg(stream, v_a, va);
+        without_gil([&] { merge_state(va, sa, vb, sb, o, os, st); });
+        return nb::make_tuple(vo, so);
+      },
+      nb::arg("v_a"), nb::arg("s_a"), nb::arg("v_b"), nb::arg("s_b"), nb::kw_only(),
+      nb::arg("v_out") = nb::none(), nb::arg("s_out") = nb::none(), nb::arg("stream") = nb::none(),
+      "(v_a, s_a) (+) (v_b, s_b) for attention states over disjoint KV sets (SEMANTICS.md, "
+      "'Merging'): v [n, H, D] f32/f16/bf16, s [n, H] float32 base-2 LSE. Returns (v_out, s_out), "
+      "allocated in v_a's framework (v_a's dtype) when not given; an output may alias an input "
+      "exactly.");
+
+  m.def(
+      "merge_state_in_place",
+      [](nb::handle v, nb::handle s, nb::handle v_other, nb::handle s_other, nb::handle mask,
+         nb::handle stream) {
+        Held hv, hs, ho, hso, hm;
+        const TensorView& vv = tensor_arg("v", v, hv, true);
+        const TensorView& sv = tensor_arg("s", s, hs, true);
+        const TensorView& vo = tensor_arg("v_other", v_other, ho);
+        const TensorView& so = tensor_arg("s_other", s_other, hso);
+        const TensorView& mv = tensor_arg("mask", mask, hm, false, true);
+        void* st = stream_arg(stream, v, vv);
+        without_gil([&] { merge_state_in_place(vv, sv, vo, so, mv, st); });
+      },
+      nb::arg("v"), nb::arg("s"), nb::arg("v_other"), nb::arg("s_other"),
+      nb::arg("mask") = nb::none(), nb::kw_only(), nb::arg("stream") = nb::none(),
+      "v, s <- (v, s) (+) (v_other, s_other) in place; rows whose mask byte ([n] uint8) is 0 are "
+      "left untouched. v_other has v's dtype.");
+
+  m.def(
+      "merge_states",
+      [](nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out, nb::handle stream) {
+        Held hv, hs, ho, hso;
+        const TensorView& vv = tensor_arg("v", v, hv);
+        const TensorView& sv = tensor_arg("s", s, hs);
+        nb::object vo = nb::borrow(v_out), so = nb::borrow(s_out);
+        if (vo.is_none() && vv.ndim() == 4)
+          vo = empty_like_framework(v, {vv.size(0), vv.size(2), vv.size(3)}, vv.dtype());
+        if (so.is_none() && vv.ndim() == 4)
+          so = empty_like_framework(v, {vv.size(0), vv.size(2)}, DType::f32);
+        const TensorView& o = tensor_arg("v_out", vo, ho, true, true);
+        const TensorView& os = tensor_arg("s_out", so, hso, true, true);
+        void* st = stream_arg(stream, v, vv);
+        without_gil([&] { merge_states(vv, sv, o, os, st); });
+        return nb::make_tuple(vo, so);
+      },
+      nb::arg("v"), nb::arg("s"), nb::kw_only(), nb::arg("v_out") = nb::none(),
+      nb::arg("s_out") = nb::none(), nb::arg("stream") = nb::none(),
+      "Folds k states per row in index order: v [n, k, H, D], s [n, k, H] -> (v_out [n, H, D], "
+      "s_out [n, H]), allocated in v's framework when not given. k = 0 gives o = 0, lse = -inf.");
+
+  m.def(
+      "append_paged_kv_cache",
+      [](nb::handle append_k, nb::handle append_v, nb::handle batch_indices, nb::handle positions,
+         nb::handle kv_cache, nb::handle page_table, nb::handle layout, nb::handle stream) {
+        Held hk, hv, hb, hp, hck, hcv, hpt[3];
+        const TensorView& k = tensor_arg("append_k", append_k, hk);
+        const TensorView& v = tensor_arg("append_v", append_v, hv);
+        const TensorView& b = index_arg("batch_indices", batch_indices, hb);
+        const TensorView& p = index_arg("positions", positions, hp);
+        PagedKVCache cache = paged_cache_arg(kv_cache, nb::none(), layout_arg(layout), hck, hcv);
+        PageTable table = page_table_arg(page_table, hpt);
+        nb::handle like = PyTuple_Check(kv_cache.ptr()) || PyList_Check(kv_cache.ptr())
+                              ? nb::handle(PySequence_Fast_GET_ITEM(kv_cache.ptr(), 0))
+                              : kv_cache;
+        void* st = stream_arg(stream, like, cache.k);
+        without_gil([&] { append_paged_kv_cache(k, v, b, p, cache, table, st); });
+      },
+      nb::arg("append_k"), nb::arg("append_v"), nb::arg("batch_indices"), nb::arg("positions"),
+      nb::arg("kv_cache"), nb::arg("page_table"), nb::kw_only(), nb::arg("kv_layout") = "NHD",
+      nb::arg("stream") = nb::none(),
+      "Writes row r of append_k / append_v ([nnz, Hkv, D]) at token positions[r] of request "
+      "batch_indices[r] (int32 [nnz]) into the paged cache ((k_cache, v_cache) or 5-D). page_table "
+      "(kvattn.PageTable or (indptr, indices, last_page_len)) already describes the lengths after "
+      "the append. The append dtype may differ from the cache's (converted, round to nearest even; "
+      "fp8 saturating). CPU caches take host index arrays and are validated before any write.");
+
+  m.def(
+      "apply_rope",
+      [](nb::handle q, nb::handle k, nb::handle pos_ids, nb::handle q_out, nb::handle k_out,
+         int rotary_dim, float rope_scale, float rope_theta, bool interleave,
+         std::optional<Llama31Scaling> llama31, nb::handle stream) {
+        Held hq, hk, hp, hqo, hko;
+        const TensorView& qv = tensor_arg("q", q, hq);
+        const TensorView& kv = tensor_arg("k", k, hk);
+        const TensorView& pv = index_arg("pos_ids", pos_ids, hp);
+        nb::object qo = nb::borrow(q_out), ko = nb::borrow(k_out);
+        if (qo.is_none() && qv.ndim() == 3)
+          qo = empty_like_framework(q, {qv.size(0), qv.size(1), qv.size(2)}, qv.dtype());
+        if (ko.is_none() && kv.ndim() == 3)
+          ko = empty_like_framework(k, {kv.size(0), kv.size(1), kv.size(2)}, kv.dtype());
+        const TensorView& qov = tensor_arg("q_out", qo, hqo, true, true);
+        const TensorView& kov = tensor_arg("k_out", ko, hko, true, true);
+        RopeOptions o;
+        o.rope_scale = rope_scale;
+        o.rope_theta = rope_theta;
+        o.interleave = interleave;
+        o.llama31 = llama31;
+        o.rotary_dim = rotary_dim;
+        void* st = stream_arg(stream, q, qv);
+        without_gil([&] { apply_rope(qv, kv, qov, kov, pv, o, st); });
+        return nb::make_tuple(qo, ko);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("pos_ids"), nb::kw_only(), nb::arg("q_out") = nb::none(),
+      nb::arg("k_out") = nb::none(), nb::arg("rotary_dim") = 0, nb::arg("rope_scale") = 1.0f,
+      nb::arg("rope_theta") = 1.0e4f, nb::arg("interleave") = false, nb::arg("llama31") = nb::none(),
+      nb::arg("stream") = nb::none(),
+      "Rotates q [nnz, Hq, D] and k [nnz, Hk, D] (f32/f16/bf16) by pos_ids [nnz] (int32, host): the "
+      "first rotary_dim (0: all) elements of each head (SEMANTICS.md, 'Rotary position embedding'). "
+      "Returns (q_out, k_out), allocated like q and k when not given; pass q_out=q, k_out=k to "
+      "rotate in place. CPU tensors only so far.");
+}
+
+}  // namespace kvattn::py
