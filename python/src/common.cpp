@@ -2,6 +2,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -117,9 +118,21 @@ TensorView view_of(const char* name, const Array& a, nb::handle obj, std::option
       raise_value(std::string(name) + " is on DLPack device type " + std::to_string(a.device_type()) +
                   ", which kvattn does not take (cpu or cuda)");
   }
+  // An empty tensor's strides mean nothing, and producers export anything for them (numpy: all 0):
+  // give it row-major strides so that stride rules (a contiguous head dim) hold.
+  int64_t strides[TensorView::kMaxDims];
+  const int64_t* stride_ptr = a.stride_ptr();
+  if (a.size() == 0) {
+    int64_t step = 1;
+    for (int d = int(a.ndim()) - 1; d >= 0; --d) {
+      strides[d] = step;
+      step *= std::max<int64_t>(1, a.shape_ptr()[d]);
+    }
+    stride_ptr = strides;
+  }
   try {
     return TensorView(static_cast<const void*>(a.data()), dtype, int(a.ndim()), a.shape_ptr(),
-                      a.stride_ptr(), device);
+                      stride_ptr, device);
   } catch (const Error& e) {  // the view's own checks (negative strides, ...): say which argument
     raise_value(std::string(name) + ": " + e.what());
   }
