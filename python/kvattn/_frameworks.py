@@ -67,7 +67,13 @@ def current_stream(like):
     if mod == "torch":
         import torch
 
-        return torch.cuda.current_stream(like.device).cuda_stream
+        index = like.device.index
+        if index is None:
+            index = torch.cuda.current_device()
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~0.3 us against ~5 us
+        if raw is not None:
+            return raw(index)
+        return torch.cuda.current_stream(index).cuda_stream
     if mod == "cupy":
         import cupy
 
