@@ -17,6 +17,7 @@
 #include "kvattn/error.h"
 
 #if KVATTN_WITH_CUDA
+#include "core/overrides.h"
 #include "cuda/kernel_registry.h"
 #include "cuda/runtime.h"
 
@@ -28,6 +29,7 @@ struct JitOptions {
   std::string preset = "default";
   int jobs = 0;
   std::string cache_dir;
+  bool with_overrides = false;  // the environment's KVATTN_* overrides change what the presets choose
 };
 
 std::vector<std::string> archs_or_device(const JitOptions& o) {
@@ -74,7 +76,9 @@ void precompile(const JitOptions& o) {
   std::vector<Job> jobs;
   for (const std::string& arch : archs_or_device(o)) {
     check_arch(arch);
-    for (KernelSpec& s : preset_specs(o.preset, arch)) jobs.push_back({std::move(s), {}, {}});
+    const kvattn::detail::Overrides env = kvattn::detail::Overrides::from_environment();
+    for (KernelSpec& s : preset_specs(o.preset, arch, o.with_overrides ? &env : nullptr))
+      jobs.push_back({std::move(s), {}, {}});
   }
   KernelCache cache(cache_dir(o));
   int workers = o.jobs > 0 ? o.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
@@ -147,6 +151,9 @@ void register_jit_command(CLI::App& app) {
   pc->add_option("--jobs,-j", o->jobs, "Parallel compiles (default: the number of cores)");
   pc->add_option("--cache-dir", o->cache_dir, "Cache directory (default: $KVATTN_CACHE_DIR, else "
                                               "$XDG_CACHE_HOME/kvattn, else ~/.cache/kvattn)");
+  pc->add_flag("--with-overrides", o->with_overrides,
+               "Let the KVATTN_* overrides of the environment change the kernels the preset chooses "
+               "(default: they are ignored)");
   pc->callback([o] { precompile(*o); });
 #else
   jit->callback([] {

@@ -28,6 +28,8 @@
 #include "kvattn/error.h"
 #include "support/dtype_codec.h"
 #include "support/expect_error.h"
+#include "support/kernel_choice.h"
+#include "support/scoped_override.h"
 
 extern char** environ;
 
@@ -146,8 +148,7 @@ TEST(CudaJit, DecodeShapesOfEveryVariantCompile) {
       {DType::bf16, 256, 0, true, 99 * 1024, "sm_89"},
   };
   for (const Case& c : cases) {
-    const auto cfg = kvattn::cuda::choose_prefill_config(DType::bf16, c.kv, DType::bf16, c.hd, c.hd, 4, true, 16,
-                                                         c.features, 1, c.smem, c.uniform);
+    const auto cfg = kvattn_test::prefill_choice(DType::bf16, c.kv, DType::bf16, c.hd, c.hd, 4, true, 16, c.features, 1, kvattn_test::arch(c.arch), c.uniform);
     ASSERT_GE(cfg.kv_warps, 1) << cfg.name();
     ASSERT_LE(kvattn::cuda::prefill_smem_bytes(cfg), c.smem) << cfg.name();
     const KernelSpec spec = kvattn::cuda::prefill_spec(cfg, c.arch);
@@ -160,17 +161,9 @@ TEST(CudaJit, DecodeShapesOfEveryVariantCompile) {
 // The bulk-copy decode kernels (sm_90+ instructions) are in the default preset for Hopper only; the
 // cp.async kernels that older devices run stay in it for both.
 TEST(CudaJit, BulkDecodeKernelsAreCompiledOnlyForSm90) {
-  // The preset reflects the default choice: a KVATTN_DECODE_* override of the caller's shell (set to
-  // run the GPU suites on another kernel) would change it, so it is cleared here and restored.
-  std::vector<std::pair<std::string, std::string>> saved;
-  for (const char* name : {"KVATTN_DECODE_KERNEL", "KVATTN_DECODE_BULK_STAGES", "KVATTN_DECODE_GRID"})
-    if (const char* v = std::getenv(name)) saved.emplace_back(name, v), ::unsetenv(name);
-  struct Restore {
-    std::vector<std::pair<std::string, std::string>>& s;
-    ~Restore() {
-      for (auto& [n, v] : s) ::setenv(n.c_str(), v.c_str(), 1);
-    }
-  } restore{saved};
+  // The presets reflect the default choices: the overrides (of a test scope or the environment)
+  // never change them (presets() is built without any).
+  kvattn_test::ScopedOverride forced("KVATTN_DECODE_KERNEL", "transposed");
   auto count = [](const std::string& arch, const std::string& suffix) {
     int n = 0;
     for (const KernelSpec& s : preset_specs("default", arch))

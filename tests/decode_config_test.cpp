@@ -10,47 +10,49 @@
 #include "cuda/decode_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "support/expect_error.h"
-#include "support/scoped_env.h"
+#include "support/kernel_choice.h"
+#include "support/scoped_override.h"
 
 namespace {
 
 using kvattn::DType;
-using kvattn::cuda::choose_decode_config;
 using kvattn::cuda::decode_smem_bytes;
-using kvattn::cuda::decode_folds_in_kernel;
 using kvattn::cuda::decode_uses_prefill_kernels;
+using kvattn_test::arch;
+using kvattn_test::decode_choice;
+using kvattn_test::h200_bulk;
+
+bool decode_folds_in_kernel() { return kvattn::cuda::decode_folds_in_kernel(kvattn::detail::active_overrides()); }
 namespace kernels = kvattn::kernels;
 
 TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQ) {
-  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
+  auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
   EXPECT_TRUE(c.tensor_cores);
   EXPECT_EQ(c.heads_per_cta, 4);
   EXPECT_EQ(c.page_size, 16);
-  EXPECT_FALSE(choose_decode_config(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
-  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
-  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
-                                    kvattn::kernels::kRope).tensor_cores);
+  EXPECT_FALSE(decode_choice(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kRope).tensor_cores);
 }
 
 TEST(DecodeConfig, HeadsPerCtaDividesTheGroup) {
-  EXPECT_EQ(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 7, 16, 0).heads_per_cta, 7);
-  EXPECT_EQ(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 32, 16, 0).heads_per_cta, 16);
-  EXPECT_EQ(choose_decode_config(DType::f16, DType::f32, DType::f16, 64, 64, 12, 16, 0).heads_per_cta, 6);
-  EXPECT_EQ(choose_decode_config(DType::f16, DType::f32, DType::f16, 64, 64, 1, 16, 0).heads_per_cta, 1);
+  EXPECT_EQ(decode_choice(DType::f16, DType::f16, DType::f16, 64, 64, 7, 16, 0).heads_per_cta, 7);
+  EXPECT_EQ(decode_choice(DType::f16, DType::f16, DType::f16, 64, 64, 32, 16, 0).heads_per_cta, 16);
+  EXPECT_EQ(decode_choice(DType::f16, DType::f32, DType::f16, 64, 64, 12, 16, 0).heads_per_cta, 6);
+  EXPECT_EQ(decode_choice(DType::f16, DType::f32, DType::f16, 64, 64, 1, 16, 0).heads_per_cta, 1);
 }
 
 TEST(DecodeConfig, CausalBitDroppedAndPageSizeBakedOnlyForPowersOfTwo) {
-  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 3,
-                                kvattn::kernels::kCausal | kvattn::kernels::kSoftCap);
+  auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 3, kvattn::kernels::kCausal | kvattn::kernels::kSoftCap);
   EXPECT_EQ(c.features, uint32_t(kvattn::kernels::kSoftCap));
   EXPECT_EQ(c.page_size, 0);
-  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 256, 0).page_size, 0);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 256, 0).page_size, 0);
 }
 
 TEST(DecodeConfig, SharedMemoryLeavesTwoCtasPerSm) {
   for (DType kv : {DType::f32, DType::bf16, DType::e4m3})
     for (int hd : {16, 64, 128, 256}) {
-      auto c = choose_decode_config(DType::bf16, kv, DType::bf16, hd, hd, 8, 16, 0);
+      auto c = decode_choice(DType::bf16, kv, DType::bf16, hd, hd, 8, 16, 0);
       // f32 rows of 256 elements: one CTA per SM (a 32-token tile of K and V is 130 KB).
       const int limit = kv == DType::f32 && hd == 256 ? 200 * 1024 : 112 * 1024;
       EXPECT_LE(decode_smem_bytes(c), limit) << c.name();
@@ -59,28 +61,28 @@ TEST(DecodeConfig, SharedMemoryLeavesTwoCtasPerSm) {
 
 // KVATTN_DECODE_KERNEL (or another variable) for one scope (the GPU tests may run in this process
 // with KVATTN_DECODE_KERNEL=transposed or =bulk).
-class DecodeKernelEnv : public kvattn_test::ScopedEnv {
+class DecodeKernelEnv : public kvattn_test::ScopedOverride {
  public:
-  explicit DecodeKernelEnv(const char* value, const char* name = "KVATTN_DECODE_KERNEL") : ScopedEnv(name, value) {}
+  explicit DecodeKernelEnv(const char* value, const char* name = "KVATTN_DECODE_KERNEL") : ScopedOverride(name, value) {}
 };
 
 TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
   {
     DecodeKernelEnv env(nullptr);
-    auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
+    auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
     EXPECT_FALSE(c.transposed);
     EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0");
   }
   DecodeKernelEnv env("transposed");
-  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
+  auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
   EXPECT_TRUE(c.tensor_cores);
   EXPECT_TRUE(c.transposed);
   EXPECT_EQ(c.name(), "decode_mma_bf16_hd128_g4_p16_f0_t");
-  auto f16 = choose_decode_config(DType::f16, DType::f16, DType::f16, 256, 256, 16, 16, 0);
+  auto f16 = decode_choice(DType::f16, DType::f16, DType::f16, 256, 256, 16, 16, 0);
   EXPECT_TRUE(f16.transposed);
   EXPECT_EQ(f16.heads_per_cta, 16);  // two n-tiles of 8 heads in one CTA
   EXPECT_LE(decode_smem_bytes(f16), 112 * 1024) << f16.name();
-  auto fp8 = choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0);
+  auto fp8 = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0);
   EXPECT_FALSE(fp8.transposed);  // CUDA cores: the flag does not apply
   EXPECT_EQ(fp8.name(), "decode_simt_e4m3_qbf16_hd128_g4_p16_f0");
 }
@@ -93,7 +95,7 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
   DecodeKernelEnv grid(nullptr, "KVATTN_DECODE_GRID");
   DecodeKernelEnv env(nullptr);
-  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, /*bulk_copies=*/true);
+  auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, /*bulk_copies=*/true);
   EXPECT_TRUE(c.tensor_cores);
   EXPECT_TRUE(c.bulk);
   EXPECT_FALSE(c.transposed);
@@ -108,55 +110,52 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   // Boxes need pages of a multiple of 16 tokens and head dims of a multiple of 64; elsewhere the
   // row copies (DecodeBulkKernel): 3 x 64 x (272 + 272) + q 16 x 272 + 12 barriers.
   for (int ps : {16, 32, 48, 128})
-    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, ps, 0, true).tma) << ps;
+    EXPECT_TRUE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, ps, 0, true).tma) << ps;
   for (int ps : {1, 5, 8, 24}) {
-    auto rows = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, ps, 0, true);
+    auto rows = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, ps, 0, true);
     EXPECT_TRUE(rows.bulk && !rows.tma) << ps;
   }
-  auto page1 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true);
+  auto page1 = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true);
   EXPECT_EQ(page1.name(), "decode_mma_bf16_hd128_g4_p1_f0_bulk");
   EXPECT_EQ(decode_smem_bytes(page1), 108896);
-  auto hd80 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 80, 80, 4, 16, 0, true);
+  auto hd80 = decode_choice(DType::bf16, DType::bf16, DType::bf16, 80, 80, 4, 16, 0, true);
   EXPECT_TRUE(hd80.bulk && !hd80.tma);
   // A sliding window's range starts off the 16-token grid (every tile would take the TMA kernel's
   // cp.async path): windows keep the row copies; soft-cap does not change the choice.
-  auto window = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
-                                     kvattn::kernels::kSlidingWindow, true);
+  auto window = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kSlidingWindow, true);
   EXPECT_TRUE(window.bulk && !window.tma);
-  EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kSoftCap,
-                                   true)
+  EXPECT_TRUE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kSoftCap, true)
                   .tma);
-  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).tma);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).tma);
   {
     DecodeKernelEnv rows("bulk");  // the row copies, for measurements
-    auto r = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    auto r = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
     EXPECT_TRUE(r.bulk && !r.tma);
     EXPECT_EQ(r.name(), "decode_mma_bf16_hd128_g4_p16_f0_bulk");
   }
-  EXPECT_TRUE(choose_decode_config(DType::f16, DType::f16, DType::f16, 64, 64, 1, 16, 0, true).bulk);
-  auto wide = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true);
+  EXPECT_TRUE(decode_choice(DType::f16, DType::f16, DType::f16, 64, 64, 1, 16, 0, true).bulk);
+  auto wide = decode_choice(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true);
   EXPECT_TRUE(wide.bulk && wide.tma);
   EXPECT_EQ(wide.threads, 64);  // two warps keep two CTAs per SM at head dim 256
   EXPECT_LE(decode_smem_bytes(wide), 112 * 1024) << wide.name();
   // Not on devices before sm_90 (even when asked for), nor for anything off the tensor-core path.
-  auto ampere = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false);
+  auto ampere = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false);
   EXPECT_FALSE(ampere.bulk);
   EXPECT_EQ(ampere.stages, 2);
   EXPECT_EQ(ampere.name(), "decode_mma_bf16_hd128_g4_p16_f0");
   {
     DecodeKernelEnv asked("bulk");
-    EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).bulk);
-    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+    EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).bulk);
+    EXPECT_TRUE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
   }
-  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
-  EXPECT_FALSE(choose_decode_config(DType::f32, DType::f32, DType::f32, 128, 128, 4, 16, 0, true).bulk);
-  EXPECT_FALSE(choose_decode_config(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
-  EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
-                                    kvattn::kernels::kRope, true).bulk);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_FALSE(decode_choice(DType::f32, DType::f32, DType::f32, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_FALSE(decode_choice(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kRope, true).bulk);
   // KVATTN_DECODE_KERNEL=mma keeps the cp.async kernel on sm_90.
   {
     DecodeKernelEnv mma("mma");
-    auto m = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    auto m = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
     EXPECT_FALSE(m.bulk);
     EXPECT_FALSE(m.transposed);
     EXPECT_EQ(m.name(), "decode_mma_bf16_hd128_g4_p16_f0");
@@ -164,34 +163,31 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
   // KVATTN_DECODE_BULK_STAGES sets the depth (in the name unless 3).
   {
     DecodeKernelEnv four("4", "KVATTN_DECODE_BULK_STAGES");
-    auto s4 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    auto s4 = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
     EXPECT_EQ(s4.stages, 4);
     EXPECT_EQ(s4.threads, 128);
     EXPECT_EQ(s4.name(), "decode_mma_bf16_hd128_g4_p16_f0_tma_s4");
     EXPECT_EQ(decode_smem_bytes(s4), 136576);
-    EXPECT_EQ(decode_smem_bytes(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true)),
+    EXPECT_EQ(decode_smem_bytes(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true)),
               143744);
   }
   {
     DecodeKernelEnv two("2", "KVATTN_DECODE_BULK_STAGES");
-    auto s2 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
+    auto s2 = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true);
     EXPECT_EQ(s2.name(), "decode_mma_bf16_hd128_g4_p16_f0_tma_s2");
     EXPECT_LE(3 * (decode_smem_bytes(s2) + 1024), 228 * 1024);  // three CTAs per SM
-    auto rows2 = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true);
+    auto rows2 = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 1, 0, true);
     EXPECT_LE(3 * (decode_smem_bytes(rows2) + 1024), 228 * 1024);
   }
   {
     // 3 is the default depth: the same kernel as with the variable unset (wide rows keep 2 warps).
     DecodeKernelEnv three("3", "KVATTN_DECODE_BULK_STAGES");
-    EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true).name(),
+    EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 256, 256, 8, 16, 0, true).name(),
               wide.name());
   }
-  DecodeKernelEnv bad_stages("7", "KVATTN_DECODE_BULK_STAGES");
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '7'");
-  // Checked even where the bulk kernel is not chosen.
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false),
-                      "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '7'");
+  // Checked when read, whatever kernel is chosen after.
+  EXPECT_KVATTN_ERROR(DecodeKernelEnv bad_stages("7", "KVATTN_DECODE_BULK_STAGES"),
+                      "KVATTN_DECODE_BULK_STAGES is a number from 2 to 6, not '7'");
 }
 
 // The default workers: one per SM for one CTA per item (rounded down to a multiple of the KV
@@ -229,15 +225,15 @@ TEST(DecodeConfig, SkewedBatchesTakeTwoBulkStages) {
   EXPECT_TRUE(skewed(zipf));
   DecodeKernelEnv no_kernel(nullptr);
   DecodeKernelEnv no_stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
-  auto c = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true);
+  auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true);
   EXPECT_TRUE(c.bulk);
   EXPECT_EQ(c.stages, 2);
-  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, false).stages, 3);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, false).stages, 3);
   // Without bulk copies the flag changes nothing.
-  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false, true).name(),
-            choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false, false).name());
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false, true).name(),
+            decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false, false).name());
   DecodeKernelEnv four("4", "KVATTN_DECODE_BULK_STAGES");
-  EXPECT_EQ(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true).stages, 4);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true, true).stages, 4);
 }
 
 // KVATTN_DECODE_KERNEL=decode keeps the decode kernels' own choice (TMA boxes on sm_90 at page 16).
@@ -245,20 +241,19 @@ TEST(DecodeConfig, DecodeOverrideIsTheDefaultChoice) {
   std::string unset, decode;
   {
     DecodeKernelEnv env(nullptr);
-    unset = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).name();
+    unset = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).name();
   }
   {
     DecodeKernelEnv env("decode");
-    decode = choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).name();
+    decode = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).name();
   }
   EXPECT_EQ(decode, unset);
   EXPECT_NE(decode.find("_tma"), std::string::npos) << decode;
 }
 
 TEST(DecodeConfig, UnknownKernelOverrideIsAnError) {
-  DecodeKernelEnv env("fast");
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not 'fast'");
+  EXPECT_KVATTN_ERROR(DecodeKernelEnv env("fast"),
+                      "KVATTN_DECODE_KERNEL is one of decode, mma, transposed, bulk, prefill, not 'fast'");
 }
 
 // Split rows fold in the separate merge kernel unless KVATTN_DECODE_MERGE=fold asks for the
@@ -271,8 +266,29 @@ TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
   const DType bf = DType::bf16, f16 = DType::f16, e4 = DType::e4m3;
   constexpr int64_t kA100 = 163 * 1024, kAda = 99 * 1024;  // opt-in shared memory per block
   // (q, kv, head dims, group, features, bulk copies, shared memory): page size 16.
-  auto route = [](DType q, DType kv, int dqk, int dvo, int group, uint32_t f, bool bulk, int64_t smem) {
-    return decode_uses_prefill_kernels(q, kv, dqk, dvo, group, f, 16, bulk, smem);
+  // The architecture's limits for the per-block limits named here, the H200's (with or without
+  // bulk copies) for the others.
+  auto limits = [](bool bulk, int64_t smem) {
+    if (smem == kA100) return arch("sm_80");
+    if (smem == kAda) return arch("sm_89");
+    kvattn::cuda::DeviceLimits l = h200_bulk(bulk);
+    l.smem_per_block_optin = smem;
+    return l;
+  };
+  auto key = [](DType q, DType kv, int dqk, int dvo, int group, uint32_t f) {
+    kvattn::cuda::DecodeProblemKey k;
+    k.q_dtype = k.o_dtype = q;
+    k.kv_dtype = kv;
+    k.head_dim_qk = dqk;
+    k.head_dim_vo = dvo;
+    k.group_size = group;
+    k.page_size = 16;
+    k.features = f;
+    return k;
+  };
+  auto route = [&](DType q, DType kv, int dqk, int dvo, int group, uint32_t f, bool bulk, int64_t smem) {
+    return decode_uses_prefill_kernels(key(q, kv, dqk, dvo, group, f), limits(bulk, smem),
+                                       kvattn::detail::active_overrides());
   };
   {
     DecodeKernelEnv env(nullptr);
@@ -291,7 +307,8 @@ TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
       b.kv_len = lens;
       b.num_kv_heads = 8;
       b.cuda_graph = graph;
-      return decode_uses_prefill_kernels(bf, kv, 128, 128, group, f, 16, true, 227 * 1024, b);
+      return decode_uses_prefill_kernels(key(bf, kv, 128, 128, group, f), kvattn_test::h200(),
+                                         kvattn::detail::active_overrides(), b);
     };
     EXPECT_TRUE(long_route(std::vector<int64_t>(64, 4096)));
     EXPECT_TRUE(long_route(std::vector<int64_t>(16, 32768)));  // 128 (request, KV head) pairs
@@ -336,9 +353,8 @@ TEST(DecodeConfig, DecodeRunsOnThePrefillKernelsOnlyWhereTheyWereFaster) {
     DecodeKernelEnv env(kernel);
     EXPECT_FALSE(route(bf, bf, 128, 128, 4, 0, false, kA100)) << kernel;
   }
-  DecodeKernelEnv env("prefil");
-  EXPECT_KVATTN_ERROR(route(bf, bf, 128, 128, 4, 0, false, kA100),
-                      "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not 'prefil'");
+  EXPECT_KVATTN_ERROR(DecodeKernelEnv env("prefil"),
+                      "KVATTN_DECODE_KERNEL is one of decode, mma, transposed, bulk, prefill, not 'prefil'");
 }
 
 TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {
@@ -354,31 +370,29 @@ TEST(DecodeConfig, SplitRowsFoldInKernelOnlyWhenAsked) {
     DecodeKernelEnv env("kernel", "KVATTN_DECODE_MERGE");
     EXPECT_FALSE(decode_folds_in_kernel());
   }
-  DecodeKernelEnv env("later", "KVATTN_DECODE_MERGE");
-  EXPECT_KVATTN_ERROR(decode_folds_in_kernel(), "KVATTN_DECODE_MERGE is fold or kernel, not 'later'");
+  EXPECT_KVATTN_ERROR(DecodeKernelEnv env("later", "KVATTN_DECODE_MERGE"),
+                      "KVATTN_DECODE_MERGE is one of kernel, fold, not 'later'");
 }
 
 TEST(DecodeConfig, GridOverrideIsCheckedByName) {
   {
     DecodeKernelEnv env("workers", "KVATTN_DECODE_GRID");
-    EXPECT_TRUE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).persistent);
+    EXPECT_TRUE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).persistent);
   }
   {
     DecodeKernelEnv env("items", "KVATTN_DECODE_GRID");
-    EXPECT_FALSE(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).persistent);
+    EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).persistent);
   }
-  DecodeKernelEnv env("persistent", "KVATTN_DECODE_GRID");
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true),
-                      "KVATTN_DECODE_GRID is items or workers, not 'persistent'");
+  EXPECT_KVATTN_ERROR(DecodeKernelEnv env("persistent", "KVATTN_DECODE_GRID"),
+                      "KVATTN_DECODE_GRID is one of items, workers, not 'persistent'");
 }
 
 TEST(DecodeConfig, UnsupportedShapesAreErrors) {
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 512, 512, 4, 16, 0),
+  EXPECT_KVATTN_ERROR(decode_choice(DType::bf16, DType::bf16, DType::bf16, 512, 512, 4, 16, 0),
                       "head dim 512 is not supported by the GPU decode kernels");
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 72, 72, 4, 16, 0),
+  EXPECT_KVATTN_ERROR(decode_choice(DType::bf16, DType::bf16, DType::bf16, 72, 72, 4, 16, 0),
                       "head dim 72");
-  EXPECT_KVATTN_ERROR(choose_decode_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16,
-                                           kvattn::kernels::kCustomMask),
+  EXPECT_KVATTN_ERROR(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kCustomMask),
                       "custom masks are not supported by decode");
 }
 

@@ -10,7 +10,7 @@
 #include "support/device_mirror.h"
 #include "support/paged_kv.h"
 #include "support/request_pool.h"
-#include "support/scoped_env.h"
+#include "support/scoped_override.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -26,7 +26,7 @@ using kvattn::DType;
 TEST(GpuDecodeRoute, LongAndShortBatchesOnOneObject) {
   std::string why;
   if (!gpu_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  ScopedEnv auto_route("KVATTN_DECODE_KERNEL", nullptr);
+  ScopedOverride auto_route("KVATTN_DECODE_KERNEL", nullptr);
   KVATTN_CASE_RNG(rng);
   // 32 requests x 4 KV heads = 128 (request, KV head) pairs: the fewest the long route takes.
   const int max_batch = 32, hq = 16, hkv = 4, D = 128, P = 16;

@@ -15,7 +15,7 @@
 #include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
-#include "support/scoped_env.h"
+#include "support/scoped_override.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -143,7 +143,7 @@ TEST(GpuDecode, GroupSizesPageSizesLayouts) {
 TEST(GpuDecode, PageBoxesAndTheirFallback) {
   SKIP_WITHOUT_GPU();
   for (const char* boxes : {"1", "0"}) {
-    ScopedEnv env("KVATTN_DECODE_TMA_BOXES", boxes);
+    ScopedOverride env("KVATTN_DECODE_TMA_BOXES", boxes);
     SCOPED_TRACE(std::string("KVATTN_DECODE_TMA_BOXES=") + boxes);
     for (int ps : {16, 32, 48, 64})
       for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
@@ -252,7 +252,7 @@ TEST(GpuDecode, Variants) {
 // page sizes, layouts, short, empty and long requests, variants, fp8 KV, against float64.
 TEST(GpuDecode, OnThePrefillKernels) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
+  ScopedOverride force("KVATTN_DECODE_KERNEL", "prefill");
   for (int group : {1, 4, 8})
     for (int ps : {1, 16})
       for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) run_prefill_route_case(group, ps, layout, 3000);
@@ -292,9 +292,9 @@ TEST(GpuDecode, OnThePrefillKernels) {
 // group sizes, page sizes, layouts and a split long request against float64.
 TEST(GpuDecode, OnThePrefillKernelsDecodeShapes) {
   SKIP_WITHOUT_GPU();
-  ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
+  ScopedOverride force("KVATTN_DECODE_KERNEL", "prefill");
   for (const char* shape : {"2x32s2", "4x16s2", "4x32s3"}) {
-    ScopedEnv decode_shape("KVATTN_PREFILL_DECODE_SHAPE", shape);
+    ScopedOverride decode_shape("KVATTN_PREFILL_DECODE_SHAPE", shape);
     SCOPED_TRACE(shape);
     for (int group : {1, 4, 8})
       for (int ps : {1, 16}) run_prefill_route_case(group, ps, ps == 1 ? KVLayout::HND : KVLayout::NHD, 5000);

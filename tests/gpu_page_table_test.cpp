@@ -14,7 +14,7 @@
 #include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
-#include "support/scoped_env.h"
+#include "support/scoped_override.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -75,7 +75,7 @@ TEST(GpuPageTable, PrefillKernelsReadDeviceIdsInPlace) {
         AttnCase d = c;  // decode on the prefill kernels
         d.variant = kvattn::Variant{};
         d.lens = {{1, 700}, {1, 1}, {1, rng.integer(2, 900)}};
-        ScopedEnv force("KVATTN_DECODE_KERNEL", "prefill");
+        ScopedOverride force("KVATTN_DECODE_KERNEL", "prefill");
         run_decode_case(d, rng);
       }
 }
@@ -94,7 +94,7 @@ const char* reader_name(Reader r) {
 // the record clears.
 void check_bad_id(Reader reader, DType kv, int32_t bad_id, int split, Rng& rng) {
   const int hq = 8, hkv = 2, D = 64, P = 16;
-  std::optional<ScopedEnv> route;
+  std::optional<ScopedOverride> route;
   if (reader != Reader::prefill)
     route.emplace("KVATTN_DECODE_KERNEL", reader == Reader::decode ? nullptr : "prefill");
   PagedKVSpec spec{{300, 1000, 77}, P, hkv, D, D, kv, kvattn::KVLayout::NHD, false, false, false, 2};

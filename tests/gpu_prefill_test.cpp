@@ -14,7 +14,8 @@
 #include "support/gpu_skip.h"
 #include "support/expect_error.h"
 #include "support/paged_kv.h"
-#include "support/scoped_env.h"
+#include "support/kernel_choice.h"
+#include "support/scoped_override.h"
 #include "cuda/prefill_kernels.h"
 
 #if KVATTN_WITH_CUDA
@@ -204,9 +205,9 @@ TEST(GpuPrefill, DecodeShapes) {
       kvattn::variants::causal().with_rope(),
   };
   for (const char* shape : {"2x32s2", "4x16s2", "4x32s3", "4x16s4", "6x16s2b2"}) {
-    ScopedEnv force("KVATTN_PREFILL_DECODE_SHAPE", shape);
+    ScopedOverride force("KVATTN_PREFILL_DECODE_SHAPE", shape);
     SCOPED_TRACE(shape);
-    const auto cfg = kvattn::cuda::choose_prefill_config(DType::f16, DType::f16, DType::f16, 64, 64, 4, true, 5, 0, 4);
+    const auto cfg = kvattn_test::prefill_choice(DType::f16, DType::f16, DType::f16, 64, 64, 4, true, 5, 0, 4);
     ASSERT_EQ(cfg.kv_warps, shape[0] - '0');  // the knob reaches the config run() uses
     for (int i = 0; i < int(std::size(variants)); ++i) {
       const kvattn::Variant& v = variants[i];
@@ -239,7 +240,7 @@ TEST(GpuPrefill, SoftCapWithLogitsAcrossTheCap) {
     float cap;
   };
   for (const char* form : {static_cast<const char*>(nullptr), "exact"}) {
-    ScopedEnv tanh_form("KVATTN_PREFILL_TANH", form);
+    ScopedOverride tanh_form("KVATTN_PREFILL_TANH", form);
     SCOPED_TRACE(form ? "exact tanh" : "default tanh");
     for (const Model m : {Model{128, 30.0f}, Model{256, 50.0f}, Model{64, 30.0f}})
       for (DType q : {DType::bf16, DType::f16})
@@ -279,7 +280,7 @@ AttnCase soft_cap_edge_case(Rng& rng, float cap, float sign) {
 TEST(GpuPrefill, SoftCapShiftAtTheEdgesOfItsRange) {
   SKIP_WITHOUT_GPU();
   for (const char* form : {static_cast<const char*>(nullptr), "exact"}) {
-    ScopedEnv tanh_form("KVATTN_PREFILL_TANH", form);
+    ScopedOverride tanh_form("KVATTN_PREFILL_TANH", form);
     SCOPED_TRACE(form ? "exact tanh" : "default tanh");
     for (float cap : {54.7f, 54.8f})
       for (float sign : {-1.0f, 1.0f})

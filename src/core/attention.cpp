@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "core/attention_plan.h"
-#include "core/env_knobs.h"
+#include "core/overrides.h"
 #include "core/block_sparse_gpu.h"
 #include "core/prefill_gpu.h"
 #include "core/validate.h"
@@ -42,6 +42,7 @@ void plan_custom_mask(AttentionPlan& plan, const TensorView& mask, const TensorV
   validate::dtype("custom_mask", mask, DType::u8);
   validate::host("custom_mask", mask);
   KVATTN_CHECK(mask.size(0) <= 1 || mask.stride(0) == 1, "custom_mask must be contiguous");
+  KVATTN_CHECK(mask.size(0) == 0 || mask.data() != nullptr, "custom_mask has a null data pointer");
   KVATTN_CHECK(mask.size(0) >= ind.back(), "mask_indptr[", ind.size() - 1, "] = ", ind.back(),
                " exceeds the length of custom_mask (", mask.size(0), ")");
   for (int64_t b = 0; b < plan.batch_size(); ++b) {
@@ -355,15 +356,21 @@ bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& work
   validate::gpu_workspace(workspace);
   const auto& s = plan.shape;
   const int device = workspace.device().index;
-  const bool bulk = cuda::device_has_bulk_decode(device);  // throws without a CUDA device
+  const cuda::DeviceLimits limits = cuda::decode_device_limits(device);  // throws without a CUDA device
   cuda::DecodeBatchShape batch;
   batch.kv_len = plan.kv_len;
   batch.num_kv_heads = s.num_kv_heads;
   batch.cuda_graph = plan.scheduler.cuda_graph.has_value();
-  return cuda::decode_uses_prefill_kernels(s.q_dtype, s.kv_dtype, s.head_dim_qk, s.head_dim_vo,
-                                           s.num_qo_heads / s.num_kv_heads, plan.variant.features, plan.page_size,
-                                           bulk, int64_t(cuda::device_info(device).max_smem_per_block_optin),
-                                           batch);
+  cuda::DecodeProblemKey key;
+  key.q_dtype = s.q_dtype;
+  key.kv_dtype = s.kv_dtype;
+  key.o_dtype = s.o_dtype;
+  key.head_dim_qk = s.head_dim_qk;
+  key.head_dim_vo = s.head_dim_vo;
+  key.group_size = s.num_qo_heads / s.num_kv_heads;
+  key.page_size = plan.page_size;
+  key.features = plan.variant.features;
+  return cuda::decode_uses_prefill_kernels(key, limits, detail::active_overrides(), batch);
 #else
   (void)plan; (void)workspace;
   return false;  // plan_decode_gpu says why there is no GPU path
@@ -465,7 +472,7 @@ BatchDecode::BatchDecode(BatchDecode&&) noexcept = default;
 BatchDecode& BatchDecode::operator=(BatchDecode&&) noexcept = default;
 
 void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
-  detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
+  detail::EnvironmentOverridesScope overrides;  // the KVATTN_* overrides, parsed once per plan()
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::paged;
   plan->is_decode = true;
@@ -559,7 +566,7 @@ BatchPrefill::BatchPrefill(BatchPrefill&&) noexcept = default;
 BatchPrefill& BatchPrefill::operator=(BatchPrefill&&) noexcept = default;
 
 void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
-  detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
+  detail::EnvironmentOverridesScope overrides;  // the KVATTN_* overrides, parsed once per plan()
   auto plan = std::make_unique<AttentionPlan>();
   plan->api = "BatchPrefill";
   plan->workspace = workspace_;
@@ -686,7 +693,7 @@ BlockSparseAttention::BlockSparseAttention(BlockSparseAttention&&) noexcept = de
 BlockSparseAttention& BlockSparseAttention::operator=(BlockSparseAttention&&) noexcept = default;
 
 void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
-  detail::KnobScope knobs;  // the KVATTN_* knobs in one pass over the environment
+  detail::EnvironmentOverridesScope overrides;  // the KVATTN_* overrides, parsed once per plan()
   auto plan = std::make_unique<AttentionPlan>();
   plan->kind = KVKind::block_sparse;
   plan->api = "BlockSparseAttention";

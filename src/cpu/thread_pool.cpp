@@ -1,5 +1,7 @@
 #include "cpu/thread_pool.h"
 
+#include "core/overrides.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <exception>
@@ -100,10 +102,7 @@ ThreadPool& ThreadPool::global() {
 }  // namespace kvattn::cpu
 
 int kvattn::cpu_num_threads() {
-  if (const char* env = std::getenv("KVATTN_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n >= 1) return n;
-  }
+  if (const auto n = kvattn::detail::num_threads_setting()) return *n;
   unsigned hw = std::thread::hardware_concurrency();
   return hw ? int(hw) : 1;
 }

@@ -1,5 +1,4 @@
 #include "cuda/decode_kernels.h"
-#include "core/env_knobs.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,8 +32,11 @@ std::string DecodeKernelConfig::name() const {
   return n;
 }
 
-DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int dvo, int group,
-                                        int page_size, uint32_t features, bool bulk_copies, bool skewed_batch) {
+DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits& limits, const detail::Overrides& ov) {
+  using detail::DecodeKernelChoice;
+  const DType q = key.q_dtype, kv = key.kv_dtype;
+  const int dqk = key.head_dim_qk, dvo = key.head_dim_vo, group = key.group_size, page_size = key.page_size;
+  const uint32_t features = key.features;
   for (int d : {dqk, dvo})
     KVATTN_CHECK(d % 16 == 0 && d >= 16 && d <= 256, "head dim ", d,
                  " is not supported by the GPU decode kernels (a multiple of 16 up to 256)");
@@ -44,7 +46,7 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
   DecodeKernelConfig c;
   c.q_dtype = q;
   c.kv_dtype = kv;
-  c.o_dtype = o;
+  c.o_dtype = key.o_dtype;
   c.head_dim_qk = dqk;
   c.head_dim_vo = dvo;
   // Decode queries sit at the last position, so the causal mask never hides a key: drop its bit.
@@ -57,60 +59,41 @@ DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int dqk, int
     if (group % g == 0) c.heads_per_cta = g;
   c.stages = 2;
   c.threads = 128;
-  // One CTA per item measured faster than persistent workers on the H200 (docs/DECISIONS.md);
-  // KVATTN_DECODE_GRID=workers selects the persistent grid for comparison.
-  const char* grid_env = detail::knob("KVATTN_DECODE_GRID");
-  const std::string grid = grid_env ? grid_env : "";
-  KVATTN_CHECK(grid.empty() || grid == "items" || grid == "workers", "KVATTN_DECODE_GRID is items or workers, not '",
-               grid, "'");
-  c.persistent = grid == "workers";
-  // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async;
-  // KVATTN_DECODE_KERNEL=mma|transposed|bulk overrides it for measurements (=decode: the decode
-  // kernels' own choice, never the prefill kernels).
-  const char* env = detail::knob("KVATTN_DECODE_KERNEL");
-  const std::string kernel = env && std::string_view(env) != "decode" ? env : "";
-  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "decode" ||
-                   kernel == "prefill",
-               "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not '", kernel, "'");
-  c.transposed = c.tensor_cores && kernel == "transposed";
-  c.bulk = c.tensor_cores && bulk_copies && (kernel.empty() || kernel == "bulk");
+  // One CTA per item measured faster than persistent workers on the H200 (docs/DECISIONS.md).
+  c.persistent = ov.decode_grid == detail::DecodeGrid::workers;
+  c.l2_prefetch = ov.decode_l2_prefetch.value_or(0);
+  // The tensor-core kernel: bulk copies where the device has them (sm_90+), else cp.async; an
+  // override of mma|transposed|bulk picks one for measurements (decode: the decode kernels' own
+  // choice, never the prefill kernels).
+  const DecodeKernelChoice kernel = ov.decode_kernel == DecodeKernelChoice::prefill
+                                        ? DecodeKernelChoice::decode
+                                        : ov.decode_kernel.value_or(DecodeKernelChoice::decode);
+  const bool own_choice = kernel == DecodeKernelChoice::decode;
+  c.transposed = c.tensor_cores && kernel == DecodeKernelChoice::transposed;
+  c.bulk = c.tensor_cores && limits.has_bulk_copies() && (own_choice || kernel == DecodeKernelChoice::bulk);
   // TMA boxes of 16 tokens x 64 dims: pages of whole boxes, head dims of whole 128-byte rows. A
   // sliding window starts its range at kv_len - 1 - window_left, off the 16-token grid, so every
   // tile would take the TMA kernel's cp.async path: windows keep the row copies.
-  c.tma = c.bulk && kernel.empty() && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0 &&
+  c.tma = c.bulk && own_choice && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0 &&
           !(features & kernels::kSlidingWindow);
-  int smem_limit = 110 * 1024;
-  const char* stages_env = detail::knob("KVATTN_DECODE_BULK_STAGES");
-  const std::string stages = stages_env ? stages_env : "";
-  KVATTN_CHECK(stages.empty() || (stages.size() == 1 && stages[0] >= '2' && stages[0] <= '6'),
-               "KVATTN_DECODE_BULK_STAGES is 2 to 6, not '", stages, "'");
-  // Experiment knob: KVATTN_DECODE_WARPS=2|3|4 sets the bulk kernels' warps (16 tokens each).
-  const char* warps_env = detail::knob("KVATTN_DECODE_WARPS");
-  const std::string warps = warps_env ? warps_env : "";
-  KVATTN_CHECK(warps.empty() || warps == "2" || warps == "3" || warps == "4", "KVATTN_DECODE_WARPS is 2, 3 or 4, not '",
-               warps, "'");
+  // Two CTAs per SM with room for the L1: kDecodeSmemPerCta, or half of a smaller SM.
+  const int64_t two_per_sm = std::min(kDecodeSmemPerCta, limits.smem_per_sm / 2 - limits.reserved_smem_per_block);
+  int64_t smem_limit = two_per_sm;
   if (c.bulk) {
-    c.stages = stages.empty() ? (skewed_batch ? 2 : 3) : stages[0] - '0';
-    if (c.stages >= 4 || !warps.empty()) smem_limit = 227 * 1024;  // asked for: keep the warps
-    if (!warps.empty()) c.threads = 32 * (warps[0] - '0');
+    c.stages = ov.decode_bulk_stages.value_or(key.skewed_batch ? 2 : 3);
+    // Asked for deep pipelines or a warp count: keep the warps, whatever the shared memory.
+    if (c.stages >= 4 || ov.decode_warps) smem_limit = limits.smem_per_block_optin;
+    if (ov.decode_warps) c.threads = 32 * *ov.decode_warps;
   }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
-  // Keep at least two CTAs per SM (about 110 KB of shared memory each on a 228 KB SM): wide rows
-  // (f32 KV, head dim 256) take 32-token tiles on the CUDA-core path.
-  if (!c.tensor_cores && decode_smem_bytes(c) > 110 * 1024) c.tile_tokens = 32;
+  // Wide rows (f32 KV, head dim 256) take 32-token tiles on the CUDA-core path.
+  if (!c.tensor_cores && decode_smem_bytes(c) > two_per_sm) c.tile_tokens = 32;
   // On tensor cores the same holds with two warps (32-token tiles) for head dims above 128.
   if (c.tensor_cores && decode_smem_bytes(c) > smem_limit) {
     c.threads = 64;
     c.tile_tokens = kernels::decode::mma_tile_tokens(2);
   }
   return c;
-}
-
-bool decode_folds_in_kernel() {
-  const char* env = detail::knob("KVATTN_DECODE_MERGE");
-  const std::string v = env ? env : "";
-  KVATTN_CHECK(v.empty() || v == "fold" || v == "kernel", "KVATTN_DECODE_MERGE is fold or kernel, not '", v, "'");
-  return v == "fold";
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
@@ -133,42 +116,46 @@ std::string code(DType t) { return std::to_string(int(t)); }  // kernels::DTypeC
 KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   KernelSpec spec;
   spec.name = c.name();
-  spec.entry = "kvattn_" + spec.name;
+  spec.entry = entry_symbol(spec.name);
   spec.arch = arch;
+  // The kernel reads a named configuration; the *KernelFor adapters next to each kernel template
+  // map the names onto its parameters.
+  std::string config = "struct KernelConfig {\n";
+  auto member = [&config](const char* type, const char* name, const std::string& value) {
+    config.append("  static constexpr ").append(type).append(" ").append(name).append(" = ").append(value).append(";\n");
+  };
+  member("int", "q_dtype", code(c.q_dtype));
+  member("int", "kv_dtype", code(c.kv_dtype));
+  member("int", "o_dtype", code(c.o_dtype));
+  member("int", "head_dim_qk", std::to_string(c.head_dim_qk));
+  member("int", "head_dim_vo", std::to_string(c.head_dim_vo));
+  member("int", "heads_per_cta", std::to_string(c.heads_per_cta));
+  member("int", "page_size", std::to_string(c.page_size));
+  member("uint32_t", "features", std::to_string(c.features) + "u");
+  member("int", "stages", std::to_string(c.stages));
   std::string kernel;
   if (c.tensor_cores) {
-    kernel = std::string("kvattn::kernels::decode::") +
-             (c.tma ? "DecodeTmaKernel<" : c.bulk ? "DecodeBulkKernel<" : c.transposed ? "DecodeMmaTKernel<" : "DecodeMmaKernel<") +
-             code(c.kv_dtype) + ", " + code(c.q_dtype) + ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
-             std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
-             std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
-             std::to_string(c.stages) + ", " + std::to_string(c.threads / 32) + ">";
+    member("int", "warps", std::to_string(c.threads / 32));
+    kernel = c.tma ? "DecodeTmaKernelFor" : c.bulk ? "DecodeBulkKernelFor" : c.transposed ? "DecodeMmaTKernelFor" : "DecodeMmaKernelFor";
     spec.source = c.tma          ? "#include \"kernels/decode/decode_tma_kernel.cuh\"\n"
                   : c.bulk       ? "#include \"kernels/decode/decode_bulk_kernel.cuh\"\n"
                   : c.transposed ? "#include \"kernels/decode/decode_mma_t_kernel.cuh\"\n"
                                  : "#include \"kernels/decode/decode_mma_kernel.cuh\"\n";
   } else {
-    kernel = "kvattn::kernels::decode::DecodeKernel<" + code(c.q_dtype) + ", " + code(c.kv_dtype) +
-             ", " + code(c.o_dtype) + ", " + std::to_string(c.head_dim_qk) + ", " +
-             std::to_string(c.head_dim_vo) + ", " + std::to_string(c.heads_per_cta) + ", " +
-             std::to_string(c.page_size) + ", " + std::to_string(c.features) + "u, " +
-             std::to_string(c.tile_tokens) + ", " + std::to_string(c.stages) + ", " +
-             std::to_string(c.threads) + ">";
+    member("int", "tile_tokens", std::to_string(c.tile_tokens));
+    member("int", "threads", std::to_string(c.threads));
+    kernel = "DecodeKernelFor";
     spec.source = "#include \"kernels/decode/decode_kernel.cuh\"\n";
   }
-  // Experiment knob (docs/DECISIONS.md): KVATTN_DECODE_L2_PREFETCH=64|128|256 adds the L2 prefetch
-  // hint to the K/V copies.
-  if (const char* l2 = detail::knob("KVATTN_DECODE_L2_PREFETCH")) {
-    const std::string v = l2;
-    KVATTN_CHECK(v == "64" || v == "128" || v == "256", "KVATTN_DECODE_L2_PREFETCH is 64, 128 or 256, not '", v, "'");
-    spec.options.push_back("-DKVATTN_L2_PREFETCH=" + v);
-  }
-  spec.source += "#include \"kernels/decode/persistent.cuh\"\n"
+  config += "};\n";
+  // The L2 prefetch hint on the K/V copies (an experiment, docs/DECISIONS.md).
+  if (c.l2_prefetch > 0) spec.options.push_back("-DKVATTN_L2_PREFETCH=" + std::to_string(c.l2_prefetch));
+  spec.source += "#include \"kernels/decode/persistent.cuh\"\n" + config +
                  "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
                  spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
                  "  extern __shared__ __align__(16) char smem[];\n"
                  "  kvattn::kernels::decode::" + (c.persistent ? "run_worker<" : "run_one_item<") +
-                 kernel + ">(p, smem);\n}\n";
+                 "kvattn::kernels::decode::" + kernel + "<KernelConfig>>(p, smem);\n}\n";
   return spec;
 }
 
@@ -189,33 +176,37 @@ bool decode_batch_is_skewed(std::span<const int32_t> kv_len) {
   return total > 0 && longest * int64_t(kv_len.size()) >= 4 * total;
 }
 
-bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
-                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block,
+bool decode_uses_prefill_kernels(const DecodeProblemKey& key, const DeviceLimits& limits, const detail::Overrides& ov,
                                  const DecodeBatchShape& batch) {
-  const char* env = detail::knob("KVATTN_DECODE_KERNEL");
-  const std::string kernel = env ? env : "";
-  KVATTN_CHECK(kernel.empty() || kernel == "mma" || kernel == "transposed" || kernel == "bulk" || kernel == "decode" ||
-                   kernel == "prefill",
-               "KVATTN_DECODE_KERNEL is mma, transposed, bulk, decode or prefill, not '", kernel, "'");
-  if (!kernel.empty() && kernel != "prefill") return false;
+  using detail::DecodeKernelChoice;
+  if (ov.decode_kernel && *ov.decode_kernel != DecodeKernelChoice::prefill) return false;
+  const DType q = key.q_dtype, kv = key.kv_dtype;
   // Only problems the prefill kernels take and whose kernel fits the device's shared memory;
   // the others stay on the decode kernels (and get their errors).
   auto head_dim_ok = [](int d) { return d >= 16 && d <= 256 && d % 16 == 0; };
-  if (!head_dim_ok(head_dim_qk) || !head_dim_ok(head_dim_vo)) return false;
+  if (!head_dim_ok(key.head_dim_qk) || !head_dim_ok(key.head_dim_vo)) return false;
   if (!(q == DType::f16 || q == DType::bf16) || !(kv == q || kv == DType::e4m3 || kv == DType::e5m2)) return false;
-  const PrefillKernelConfig pc =
-      choose_prefill_config(q, kv, q, head_dim_qk, head_dim_vo, group_size, true, page_size, features, 1,
-                            max_smem_per_block);
-  if (prefill_smem_bytes(pc) > max_smem_per_block) return false;
-  if (kernel == "prefill") return true;
+  PrefillProblemKey pk;
+  pk.q_dtype = pk.o_dtype = q;
+  pk.kv_dtype = kv;
+  pk.head_dim_qk = key.head_dim_qk;
+  pk.head_dim_vo = key.head_dim_vo;
+  pk.group_size = key.group_size;
+  pk.paged = true;
+  pk.page_size = key.page_size;
+  pk.features = key.features;
+  pk.max_qo_len = 1;
+  const PrefillKernelConfig pc = choose_prefill(pk, limits, ov);
+  if (prefill_smem_bytes(pc) > limits.smem_per_block_optin) return false;
+  if (ov.decode_kernel == DecodeKernelChoice::prefill) return true;
   // Where the decode kernel would be a tensor-core one (f16/bf16 KV, no fused RoPE) and the group
   // fills 4 to 16 rows of the prefill kernel's M tile (measured at 4; wider groups take several
   // row tiles per head chunk).
-  const bool tensor_core_decode = kv == q && !(features & kernels::kRope);
-  if (!tensor_core_decode || group_size < 4 || group_size > 16) return false;
-  if (!bulk_copies) return true;
+  const bool tensor_core_decode = kv == q && !(key.features & kernels::kRope);
+  if (!tensor_core_decode || key.group_size < 4 || key.group_size > 16) return false;
+  if (!limits.has_bulk_copies()) return true;
   // sm_90+: long batches of plain softmax decode only (the header says why).
-  if (batch.cuda_graph || (features & ~uint32_t(kernels::kCausal)) != 0) return false;
+  if (batch.cuda_graph || (key.features & ~uint32_t(kernels::kCausal)) != 0) return false;
   int64_t total = 0;
   for (int64_t l : batch.kv_len) total += l;
   const int64_t requests = int64_t(batch.kv_len.size());
@@ -227,7 +218,7 @@ KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arc
   KernelSpec spec;
   spec.name = "decode_merge_" + std::string(dtype_name(c.o_dtype)) + "_hd" +
               std::to_string(c.head_dim_vo) + (sigmoid ? "_sigmoid" : "");
-  spec.entry = "kvattn_" + spec.name;
+  spec.entry = entry_symbol(spec.name);
   spec.arch = arch;
   spec.source = "#include \"kernels/decode/persistent.cuh\"\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kDecodeMergeThreads) +

@@ -6,6 +6,8 @@
 #include <span>
 #include <string>
 
+#include "core/overrides.h"
+#include "cuda/device_limits.h"
 #include "cuda/jit.h"
 #include "kernels/common/merge_rows.cuh"
 #include "kvattn/dtype.h"
@@ -35,6 +37,8 @@ struct DecodeKernelConfig {
   int threads = 128;
   // true: one CTA per worker runs the planner's list for that worker; false: one CTA per item.
   bool persistent = false;
+  // L2 prefetch hint on the K/V copies, in bytes (64, 128 or 256; 0: none). A compile option.
+  int l2_prefetch = 0;
 
   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed, "..._bulk" or "..._bulk_s<stages>"
   // when bulk, the latter for stages other than 3; "..._tma" / "..._tma_s<stages>" likewise)
@@ -42,30 +46,44 @@ struct DecodeKernelConfig {
   bool operator==(const DecodeKernelConfig&) const = default;
 };
 
+// What the decode kernel choice depends on (besides the device limits and the overrides).
+struct DecodeProblemKey {
+  DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
+  int head_dim_qk = 128, head_dim_vo = 128;
+  int group_size = 1;
+  int page_size = 16;
+  uint32_t features = 0;       // kernels::VariantFeature bits
+  bool skewed_batch = false;   // decode_batch_is_skewed
+};
+
 // The heuristic, from measurements on the H200 (docs/DECISIONS.md): tensor cores whenever the KV
 // is f16/bf16, q has the same dtype and RoPE is not fused (the MMA needs both operands in one type;
-// fused RoPE rotates K in f32 on the CUDA-core path). On tensor cores, when `bulk_copies` (the
-// device is sm_90 or later: DecodeRunner::plan passes it) the bulk-copy kernel, 3 stages of 64
-// tokens, 4 warps, two CTAs per SM (measured 20-30% faster than cp.async on the H200); before
-// sm_90 the cp.async kernel, 2 stages, three CTAs per SM. KVATTN_DECODE_KERNEL=mma|transposed|bulk
-// overrides the tensor-core kernel (bulk only where the device has it), for measurements;
-// KVATTN_DECODE_BULK_STAGES=2..6 sets the bulk kernels' depth, KVATTN_DECODE_WARPS=2|3|4 their warps.
+// fused RoPE rotates K in f32 on the CUDA-core path). On tensor cores, where the device has bulk
+// copies (DeviceLimits::has_bulk_copies: sm_90+) the bulk-copy kernel, 3 stages of 64 tokens,
+// 4 warps, two CTAs per SM (measured 20-30% faster than cp.async on the H200); before sm_90 the
+// cp.async kernel, 2 stages, three CTAs per SM. skewed_batch: the bulk kernel takes 2 stages,
+// three CTAs per SM, where it otherwise takes 3 and two: measured on the H200 (2026-11-30 at
+// 36f61d7, docs/perf/HISTORY.md), 2 stages lift 64 Zipf lengths from 3,541 to 3,797 GB/s and
+// 1 x 32k + 63 x 512 from 2,931 to 3,225, but lower uniform batches (64 x 1016: 3,360 to 2,879;
+// 64 x 4096: 3,945 to 3,861). At most half the SM's shared memory per CTA on the CUDA-core path
+// and for the default warps (kDecodeSmemPerCta). Overrides: decode_kernel (mma|transposed|bulk
+// pick a tensor-core kernel; bulk only where the device has it), decode_bulk_stages,
+// decode_warps, decode_grid, decode_l2_prefetch.
 // Throws kvattn::Error for head dims the GPU kernels do not take (a multiple of 16 up to 256) or a
 // group that does not divide.
+DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits& limits,
+                                 const detail::Overrides& overrides = {});
+
 // Whether split rows are folded inside the decode kernel by the last CTA of each merge entry
-// (kernels/decode/split_fold.cuh) when KVATTN_DECODE_MERGE=fold, or by the separate merge kernel
+// (kernels/decode/split_fold.cuh; Overrides::decode_merge = fold), or by the separate merge kernel
 // (the default: the in-kernel fold measured within a few percent of it on the H200, slower on
 // single requests: 1 x 4096 -5%, 1 x 32k -1.5%; 2026-11-30, docs/perf/HISTORY.md "Decode
-// experiments"). Other values are errors.
-bool decode_folds_in_kernel();
+// experiments").
+inline bool decode_folds_in_kernel(const detail::Overrides& o) { return o.decode_merge == detail::DecodeMerge::fold; }
 
-// skewed_batch (decode_batch_is_skewed): the bulk kernel takes 2 stages, three CTAs per SM, where
-// it otherwise takes 3 and two: measured on the H200 (2026-11-30 at 36f61d7, docs/perf/HISTORY.md),
-// 2 stages lift 64 Zipf lengths from 3,541 to 3,797 GB/s and 1 x 32k + 63 x 512 from 2,931 to
-// 3,225, but lower uniform batches (64 x 1016: 3,360 to 2,879; 64 x 4096: 3,945 to 3,861).
-DecodeKernelConfig choose_decode_config(DType q, DType kv, DType o, int head_dim_qk,
-                                        int head_dim_vo, int group_size, int page_size,
-                                        uint32_t features, bool bulk_copies = false, bool skewed_batch = false);
+// The most shared memory a decode CTA takes by default, so that two run per SM with room for
+// the L1 (H200: 228 KB per SM; a smaller SM gets half of its own).
+inline constexpr int64_t kDecodeSmemPerCta = 110 * 1024;
 
 // A batch whose longest request has at least 4x the mean KV length (2 requests at least): the
 // case where more, smaller CTAs balance better than deeper pipelines stream.
@@ -106,12 +124,11 @@ struct DecodeBatchShape {
 //    splitting requests (64 x 4096: planner 8 us against 1 us), which a step that plans once for
 //    all its layers pays once.
 // The page table may be on the host or the device (both kernel families read device ids in
-// place). KVATTN_DECODE_KERNEL=prefill forces the prefill kernels, =decode the decode kernels'
-// own choice, =mma|transposed|bulk one decode kernel.
+// place). Overrides::decode_kernel = prefill forces the prefill kernels, = decode the decode
+// kernels' own choice, = mma|transposed|bulk one decode kernel.
 inline constexpr int64_t kLongDecodeMeanTokens = 2048;
-bool decode_uses_prefill_kernels(DType q, DType kv, int head_dim_qk, int head_dim_vo, int group_size,
-                                 uint32_t features, int page_size, bool bulk_copies, int64_t max_smem_per_block,
-                                 const DecodeBatchShape& batch = {});
+bool decode_uses_prefill_kernels(const DecodeProblemKey& key, const DeviceLimits& limits,
+                                 const detail::Overrides& overrides = {}, const DecodeBatchShape& batch = {});
 KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch);
 // The merge of split rows for the same output dtype, head dim and softmax/sigmoid choice.
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch);

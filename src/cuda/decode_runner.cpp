@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cuda/runtime.h"
-#include "core/env_knobs.h"
+#include "core/overrides.h"
 #include "kvattn/error.h"
 
 namespace kvattn::cuda {
@@ -59,44 +59,41 @@ struct WorkspaceLayout {
 
 }  // namespace
 
-// The bulk-copy kernel needs sm_90's copy engine and, at 3 stages, 109 KB of shared memory per CTA
-// with two CTAs per SM: the 228 KB SMs of sm_90/sm_100 class parts. Devices with cc >= 9 but ~100 KB
-// per block (sm_120 consumer parts) keep the cp.async kernel, which fits them.
-static bool bulk_copies(const DeviceInfo& dev) {
-  return dev.cc_major >= 9 && dev.max_smem_per_block_optin >= 200 * 1024;
-}
-
-bool device_has_bulk_decode(int device) {
+DeviceLimits decode_device_limits(int device) {
   require_cuda("BatchDecode.plan on a CUDA workspace");
-  return bulk_copies(device_info(device));
+  return limits_of(device_info(device));
 }
 
 void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t workspace_bytes,
                         int device, cudaStream_t stream) {
-  PhaseTrace trace;
+  const detail::Overrides& ov = detail::active_overrides();
+  PhaseTrace trace(ov.plan_trace);
   require_cuda("BatchDecode.plan on a CUDA workspace");
   DeviceGuard guard(device);
   const DeviceInfo& dev = device_info(device);
+  const DeviceLimits limits = limits_of(dev);
   const int group = pr.num_qo_heads / pr.num_kv_heads;
   // Programmatic dependent launch (sm_90+): the merge kernel is scheduled while the decode
-  // kernel's last CTAs run and waits in-kernel for it (griddepcontrol). KVATTN_DECODE_PDL=0 turns
-  // it off, for comparisons. Checked before anything is staged: a failed plan() changes nothing.
-  const char* pdl_env = detail::knob("KVATTN_DECODE_PDL");
-  const std::string pdl = pdl_env ? pdl_env : "";
-  KVATTN_CHECK(pdl.empty() || pdl == "0" || pdl == "1", "KVATTN_DECODE_PDL is 0 or 1, not '", pdl, "'");
-  const bool early_merge = dev.cc_major >= 9 && pdl != "0";
-  // KVATTN_DECODE_TMA_BOXES=0 sends every tile of the TMA kernel down its cp.async path (tests of
-  // that path, measurements).
-  const char* boxes_env = detail::knob("KVATTN_DECODE_TMA_BOXES");
-  const std::string boxes = boxes_env ? boxes_env : "";
-  KVATTN_CHECK(boxes.empty() || boxes == "0" || boxes == "1", "KVATTN_DECODE_TMA_BOXES is 0 or 1, not '", boxes,
-               "'");
+  // kernel's last CTAs run and waits in-kernel for it (griddepcontrol). Overrides::decode_pdl =
+  // false turns it off, for comparisons.
+  const bool early_merge = dev.cc_major >= 9 && ov.decode_pdl.value_or(true);
+  // Overrides::decode_tma_boxes = false sends every tile of the TMA kernel down its cp.async path
+  // (tests of that path, measurements).
+  const bool tma_boxes = ov.decode_tma_boxes.value_or(true);
   // A captured run() replays the kernel it captured: graph mode never switches on the batch.
   const bool skewed = !pr.scheduler.cuda_graph && decode_batch_is_skewed(pr.kv_len);
-  DecodeKernelConfig cfg = choose_decode_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk,
-                                                pr.head_dim_vo, group, pr.page_size,
-                                                pr.variant.features, bulk_copies(dev), skewed);
-  // A captured run() replays its kernel: whatever else chose it (a KVATTN_DECODE_* knob read at
+  DecodeProblemKey key;
+  key.q_dtype = pr.q_dtype;
+  key.kv_dtype = pr.kv_dtype;
+  key.o_dtype = pr.o_dtype;
+  key.head_dim_qk = pr.head_dim_qk;
+  key.head_dim_vo = pr.head_dim_vo;
+  key.group_size = group;
+  key.page_size = pr.page_size;
+  key.features = pr.variant.features;
+  key.skewed_batch = skewed;
+  DecodeKernelConfig cfg = choose_decode(key, limits, ov);
+  // A captured run() replays its kernel: whatever else chose it (an override read at
   // this plan) must not choose another between graph-mode plans (the wrappers check the rest).
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !graph_mode_ || !kernel_ || cfg == config_,
                "in CUDA-graph mode the decode kernel cannot change between plans (a captured run() replays ",
@@ -119,7 +116,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   }
   trace.mark("kernels");
   const int head_chunks = group / cfg.heads_per_cta;
-  const bool fold_in_kernel = decode_folds_in_kernel();
+  const bool fold_in_kernel = decode_folds_in_kernel(ov);
   SchedulerOptions opts = pr.scheduler;
   if (opts.num_workers <= 0)
     opts.num_workers = decode_default_workers(dev.sm_count, per_sm, head_chunks, pr.num_kv_heads, cfg.persistent);
@@ -245,7 +242,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   workspace_used_ = L.end;
   early_merge_launch_ = early_merge;
   if (maps_.capacity() < kMapSlots) maps_.reserve(kMapSlots);  // run() then never allocates
-  tma_boxes_ = boxes != "0";
+  tma_boxes_ = tma_boxes;
+  trace_ = ov.plan_trace;
   // Only a merge launched with PDL may start early: a caller's own kernel launched next with the
   // attribute must not (it would not wait for this grid).
   b.merge_follows = early_merge && merge_grid_ > 0 ? 1 : 0;
@@ -321,7 +319,7 @@ const DecodeRunner::TensorMaps& DecodeRunner::tensor_maps(const PagedCacheView& 
                 k_dim == v_dim;
   fresh.token_dim = k_dim;
   // Without maps every tile takes the kernel's cp.async path: right, but slower. Say so when asked.
-  if (!fresh.ready && detail::knob("KVATTN_PLAN_TRACE"))
+  if (!fresh.ready && trace_)
     std::fprintf(stderr,
                  "[run]  no TMA tensor maps for this K/V cache (strides in elements: page %lld, token %lld, "
                  "head %lld; see cuda/tensor_map.h): every tile takes the cp.async path\n",

@@ -47,9 +47,10 @@ struct DecodeTensors {
   int64_t v_stride_page, v_stride_token, v_stride_head;
 };
 
-// Whether `device` runs the bulk-copy decode kernel (sm_90+ with >= 200 KB of shared memory per
-// block); throws when there is no CUDA device.
-bool device_has_bulk_decode(int device);
+// The limits of `device` for the kernel choices; throws when there is no CUDA device.
+DeviceLimits decode_device_limits(int device);
+// Whether `device` runs the bulk-copy decode kernel (DeviceLimits::has_bulk_copies).
+inline bool device_has_bulk_decode(int device) { return decode_device_limits(device).has_bulk_copies(); }
 
 class DecodeRunner {
  public:
@@ -88,7 +89,8 @@ class DecodeRunner {
   kernels::DecodeParams base_{};  // the plan's part of the kernel parameters
   int64_t grid_ = 0;              // CTAs of the decode kernel (workers, or items)
   bool early_merge_launch_ = false;  // sm_90+: the merge launches during the decode kernel's tail
-  bool tma_boxes_ = true;            // KVATTN_DECODE_TMA_BOXES=0: the TMA kernel copies rows
+  bool tma_boxes_ = true;            // Overrides::decode_tma_boxes = false: the TMA kernel copies rows
+  bool trace_ = false;               // Overrides::plan_trace: run() says when it has no tensor maps
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
   // DecodeTmaKernel's tensor maps of the caches run() was given, so that a serving loop that calls
   // run() once per layer (one cache each) encodes each layer's maps once: up to kMapSlots pairs,

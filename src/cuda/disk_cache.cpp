@@ -1,5 +1,7 @@
 #include "cuda/disk_cache.h"
 
+#include "core/overrides.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -88,9 +90,9 @@ void warn_store_once(const std::string& message) {
 }  // namespace
 
 fs::path default_cache_dir() {
-  if (const char* d = std::getenv("KVATTN_CACHE_DIR"); d && *d) return d;
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return fs::path(d) / "kvattn";
-  if (const char* d = std::getenv("HOME"); d && *d) return fs::path(d) / ".cache" / "kvattn";
+  if (const auto d = detail::cache_dir_setting()) return *d;
+  if (const auto d = detail::system_environment("XDG_CACHE_HOME")) return fs::path(*d) / "kvattn";
+  if (const auto d = detail::system_environment("HOME")) return fs::path(*d) / ".cache" / "kvattn";
   return fs::temp_directory_path() / ("kvattn-cache-" + std::to_string(getuid()));
 }
 

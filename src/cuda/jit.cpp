@@ -116,4 +116,11 @@ cudaKernel_t KernelCache::kernel(const KernelSpec& spec) {
   return s->kernel;
 }
 
+std::string entry_symbol(const std::string& name) {
+  std::string e = "kvattn_" + name;
+  for (char& ch : e)
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_')) ch = '_';
+  return e;
+}
+
 }  // namespace kvattn::cuda

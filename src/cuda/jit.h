@@ -27,6 +27,10 @@ struct KernelSpec {
   std::string arch;                  // "sm_90a", "sm_80", ...
 };
 
+// The extern "C" symbol of a kernel named `name`: "kvattn_" + the name with every character that
+// cannot be in an identifier ('-' of the tuning names) as '_'.
+std::string entry_symbol(const std::string& name);
+
 // Options every compile gets before spec.options: C++20, device code by default, line info for
 // profilers. No fast math unless a spec asks for it.
 const std::vector<std::string>& base_nvrtc_options();

@@ -17,6 +17,50 @@ namespace {
 // value is read at run time, so one kernel serves them all).
 constexpr float kPresetSoftCap = 30.0f;
 
+// The presets choose for the H200's limits (cuda::preset_limits) whatever arch they compile for;
+// the cp.async decode kernels are what the same device runs without bulk copies.
+DeviceLimits without_bulk_copies(DeviceLimits l) {
+  l.cc_major = 8;
+  return l;
+}
+
+DecodeKernelConfig decode_for(DType q, DType kv, int hd, int group, int page_size, uint32_t features, bool bulk,
+                              bool skewed, const detail::Overrides& ov) {
+  DecodeProblemKey key;
+  key.q_dtype = key.o_dtype = q;
+  key.kv_dtype = kv;
+  key.head_dim_qk = key.head_dim_vo = hd;
+  key.group_size = group;
+  key.page_size = page_size;
+  key.features = features;
+  key.skewed_batch = skewed;
+  const DeviceLimits limits = bulk ? preset_limits() : without_bulk_copies(preset_limits());
+  return choose_decode(key, limits, ov);
+}
+
+PrefillKernelConfig prefill_for(DType q, DType kv, int dqk, int dvo, int group, bool paged, int page_size,
+                                uint32_t features, int64_t qo, const detail::Overrides& ov, bool uniform_decode = false,
+                                float soft_cap = kPresetSoftCap) {
+  PrefillProblemKey key;
+  key.q_dtype = key.o_dtype = q;
+  key.kv_dtype = kv;
+  key.head_dim_qk = dqk;
+  key.head_dim_vo = dvo;
+  key.group_size = group;
+  key.paged = paged;
+  key.page_size = page_size;
+  key.features = features;
+  key.max_qo_len = qo;
+  key.uniform_decode = uniform_decode;
+  key.soft_cap = soft_cap;
+  return choose_prefill(key, preset_limits(), ov);
+}
+
+detail::Overrides with_tanh(detail::Overrides ov, detail::TanhForm t) {
+  ov.prefill_tanh = t;
+  return ov;
+}
+
 std::vector<RegisteredKernel> merge_kernels() {
   std::vector<RegisteredKernel> out;
   for (DType t : {DType::f32, DType::f16, DType::bf16}) {
@@ -30,16 +74,16 @@ std::vector<RegisteredKernel> merge_kernels() {
 
 // Decode kernels a serving deployment of common models uses: f16/bf16 (tensor cores) and fp8 KV
 // (CUDA cores), head dims 64/128/256, GQA groups 1/4/8, page 16, plain and soft-capped logits.
-std::vector<RegisteredKernel> decode_kernels() {
+std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int hd, int group, uint32_t features) {
-    DecodeKernelConfig c = choose_decode_config(q, kv, q, hd, hd, group, 16, features);
+    DecodeKernelConfig c = decode_for(q, kv, hd, group, 16, features, false, false, ov);
     out.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
     // What the same problem runs on sm_90+: the bulk-copy kernel (TMA boxes at page 16).
-    DecodeKernelConfig h = choose_decode_config(q, kv, q, hd, hd, group, 16, features, /*bulk_copies=*/true);
+    DecodeKernelConfig h = decode_for(q, kv, hd, group, 16, features, /*bulk=*/true, false, ov);
     if (h.bulk) out.push_back({h.name(), [h](const std::string& arch) { return decode_spec(h, arch); }, 90});
     // ... and for skewed batches (decode_batch_is_skewed): 2 stages.
-    DecodeKernelConfig s = choose_decode_config(q, kv, q, hd, hd, group, 16, features, true, /*skewed_batch=*/true);
+    DecodeKernelConfig s = decode_for(q, kv, hd, group, 16, features, true, /*skewed=*/true, ov);
     if (s.bulk && s.name() != h.name())
       out.push_back({s.name(), [s](const std::string& arch) { return decode_spec(s, arch); }, 90});
     KernelSpec m = decode_merge_spec(c, "sm_80");
@@ -57,7 +101,7 @@ std::vector<RegisteredKernel> decode_kernels() {
   // Pages of fewer than 16 tokens keep the row copies on sm_90+ (DecodeBulkKernel): page 1.
   for (DType t : {DType::bf16, DType::f16})
     for (bool skewed : {false, true}) {
-      DecodeKernelConfig r = choose_decode_config(t, t, t, 128, 128, 4, 1, 0, /*bulk_copies=*/true, skewed);
+      DecodeKernelConfig r = decode_for(t, t, 128, 4, 1, 0, /*bulk=*/true, skewed, ov);
       if (r.bulk) out.push_back({r.name(), [r](const std::string& arch) { return decode_spec(r, arch); }, 90});
     }
   return out;
@@ -80,12 +124,11 @@ void add_prefill_kernel(std::vector<RegisteredKernel>& out, const PrefillKernelC
 // Prefill/append kernels of the same deployments: causal bf16/f16 prefill over ragged and paged
 // (page 16) KV for head dims 64/128/256 and 192x128, GQA group 4, long and short (append) query
 // runs; one of each variant family; fp8 KV.
-std::vector<RegisteredKernel> prefill_kernels() {
+std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
                  int page_size = 16) {
-    add_prefill_kernel(out, choose_prefill_config(q, kv, q, dqk, dvo, group, paged, page_size, features, qo,
-                                                  227 * 1024, false, kPresetSoftCap));
+    add_prefill_kernel(out, prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, ov));
   };
   for (DType t : {DType::bf16, DType::f16})
     for (int hd : {64, 128, 256})
@@ -96,9 +139,9 @@ std::vector<RegisteredKernel> prefill_kernels() {
   add(DType::bf16, DType::bf16, 128, 128, 4, false, 0, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kSoftCap, 4096);
   // The long soft-cap kernel's exact-tanh form too (KVATTN_PREFILL_TANH=exact), so CI compiles both.
-  add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                                kernels::kCausal | kernels::kSoftCap, 4096, 227 * 1024, false,
-                                                kPresetSoftCap, TanhForm::exact));
+  add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                      kernels::kCausal | kernels::kSoftCap, 4096,
+                                      with_tanh(ov, detail::TanhForm::exact)));
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kSlidingWindow, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kAlibi, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCustomMask, 4096);
@@ -111,39 +154,35 @@ std::vector<RegisteredKernel> prefill_kernels() {
 // What `kvattn bench prefill` runs beyond the deployment kernels (MHA 32/32: group 1; pages of 1
 // and 16): precompiled before a device call, so that the call spends no time compiling, and read
 // by scripts/kernel-frames.
-std::vector<RegisteredKernel> prefill_bench_kernels() {
+std::vector<RegisteredKernel> prefill_bench_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](int hd, bool paged, int page_size, uint32_t features) {
-    add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, paged, page_size,
-                                                  features, 16384, 227 * 1024, false,
-                                                  kPresetSoftCap));
+    add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, hd, hd, 1, paged, page_size, features, 16384, ov));
   };
   for (int hd : {64, 128, 256})
     for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);
   add(128, true, 16, kernels::kCausal);
   add(128, true, 1, kernels::kCausal);
   // Soft-cap in both tanh forms (tanh.approx is the long shape's default; KVATTN_PREFILL_TANH=exact).
-  for (TanhForm tanh : {TanhForm::approx, TanhForm::exact}) {
+  for (detail::TanhForm tanh : {detail::TanhForm::approx, detail::TanhForm::exact}) {
     for (int hd : {128, 64, 256})
-      add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, hd, hd, 1, false, 16,
-                                                    kernels::kCausal | kernels::kSoftCap, 16384, 227 * 1024, false,
-                                                    kPresetSoftCap, tanh));
-    add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                                  kernels::kCausal | kernels::kSoftCap, 16384, 227 * 1024, false,
-                                                  kPresetSoftCap, tanh));
+      add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, hd, hd, 1, false, 16,
+                                          kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(ov, tanh)));
+    add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                        kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(ov, tanh)));
   }
-  add_prefill_kernel(out, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                                kernels::kCausal, 16384));
+  add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal, 16384, ov,
+                                      false, 0.0f));
   return out;
 }
 
-std::vector<Preset> build() {
+std::vector<Preset> build(const detail::Overrides& ov) {
   std::vector<Preset> p;
   // What a serving deployment needs: precompiled by default, compiled in CI.
   p.push_back({"default", "the kernels a typical deployment uses (merge, paged decode, prefill)", {}});
   auto merge = merge_kernels();
-  auto decode = decode_kernels();
-  auto prefill = prefill_kernels();
+  auto decode = decode_kernels(ov);
+  auto prefill = prefill_kernels(ov);
   p[0].kernels.insert(p[0].kernels.end(), merge.begin(), merge.end());
   p[0].kernels.insert(p[0].kernels.end(), decode.begin(), decode.end());
   p[0].kernels.push_back({"append_paged_kv", [](const std::string& arch) { return append_paged_spec(arch); }});
@@ -155,7 +194,7 @@ std::vector<Preset> build() {
                                         std::tuple{DType::bf16, 128, 4, uint32_t(kernels::kSoftCap)},
                                         std::tuple{DType::bf16, 128, 4, uint32_t(kernels::kSlidingWindow)},
                                         std::tuple{DType::bf16, 128, 4, uint32_t(kernels::kSigmoid)}}) {
-    DecodeKernelConfig c = choose_decode_config(t, t, t, hd, hd, group, 16, features);
+    DecodeKernelConfig c = decode_for(t, t, hd, group, 16, features, false, false, ov);
     c.transposed = true;
     decode.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
   }
@@ -163,21 +202,23 @@ std::vector<Preset> build() {
   // before sm_90 for groups 4-16; KVATTN_DECODE_KERNEL=prefill and `bench decode --via-prefill`).
   for (int group : {4, 8})
     for (bool uniform : {false, true})
-      add_prefill_kernel(decode, choose_prefill_config(DType::bf16, DType::bf16, DType::bf16, 128, 128, group, true,
-                                                       16, 0, 1, 227 * 1024, uniform));
+      add_prefill_kernel(decode, prefill_for(DType::bf16, DType::bf16, 128, 128, group, true, 16, 0, 1, ov, uniform,
+                                             0.0f));
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
   p.push_back({"bench-prefill", "what `kvattn bench prefill` adds: MHA (group 1), pages of 1 and 16, soft-cap",
-               prefill_bench_kernels()});
+               prefill_bench_kernels(ov)});
   return p;
 }
 
 }  // namespace
 
 const std::vector<Preset>& presets() {
-  static const std::vector<Preset> table = build();
+  static const std::vector<Preset> table = build({});
   return table;
 }
+
+std::vector<Preset> presets_with(const detail::Overrides& overrides) { return build(overrides); }
 
 const Preset& find_preset(std::string_view name) {
   std::string known;
@@ -188,10 +229,16 @@ const Preset& find_preset(std::string_view name) {
   detail::throw_error("unknown JIT preset '", name, "' (known: ", known, ")");
 }
 
-std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch) {
+std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch,
+                                     const detail::Overrides* overrides) {
   std::vector<KernelSpec> specs;
   const int sm = arch_sm(arch);
-  for (const auto& k : find_preset(preset).kernels)
+  const Preset& known = find_preset(preset);  // kvattn::Error naming the presets for an unknown name
+  std::vector<Preset> with;
+  if (overrides) with = presets_with(*overrides);
+  const Preset& p = overrides ? *std::find_if(with.begin(), with.end(), [&](const Preset& x) { return x.name == preset; })
+                              : known;
+  for (const auto& k : p.kernels)
     if (sm >= k.min_sm) specs.push_back(k.make(arch));
   return specs;
 }

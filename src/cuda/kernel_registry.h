@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/overrides.h"
 #include "cuda/jit.h"
 
 namespace kvattn::cuda {
@@ -25,10 +26,15 @@ struct Preset {
   std::vector<RegisteredKernel> kernels;
 };
 
+// The presets as the kernel choices make them without overrides (the environment's KVATTN_*
+// variables do not change what a preset compiles), and with given overrides (`kvattn jit
+// precompile --with-overrides`: the kernels a measurement under those variables will run).
 const std::vector<Preset>& presets();
+std::vector<Preset> presets_with(const detail::Overrides& overrides);
 // Throws kvattn::Error naming the known presets when `name` is not one.
 const Preset& find_preset(std::string_view name);
 // The preset's kernels for `arch` ("sm_90a", "sm_80"...), leaving out those whose min_sm is above it.
-std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch);
+std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch,
+                                     const detail::Overrides* overrides = nullptr);
 
 }  // namespace kvattn::cuda

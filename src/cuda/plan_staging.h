@@ -9,16 +9,16 @@
 #include <cstdio>
 #include <vector>
 
-#include "core/env_knobs.h"
 #include "kvattn/plan.h"
 
 namespace kvattn::cuda {
 
-// KVATTN_PLAN_TRACE=1 prints how long each phase of a GPU plan() took, one line per plan on stderr
-// after the last phase (printing inside a phase would be timed with it).
+// Overrides::plan_trace (KVATTN_PLAN_TRACE=1) prints how long each phase of a GPU plan() took, one
+// line per plan on stderr after the last phase (printing inside a phase would be timed with it).
 struct PhaseTrace {  // one per plan(): mark() after each phase
   static constexpr int kMaxPhases = 8;
-  bool on = detail::knob("KVATTN_PLAN_TRACE") != nullptr;
+  explicit PhaseTrace(bool enabled) : on(enabled) {}
+  bool on = false;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), t = start;
   const char* names[kMaxPhases] = {};
   double us[kMaxPhases] = {};

@@ -31,7 +31,8 @@ struct WorkspaceLayout {
 
 void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t workspace_bytes, int device,
                          cudaStream_t stream) {
-  PhaseTrace trace;  // KVATTN_PLAN_TRACE=1 (plan_staging.h)
+  const detail::Overrides& ov = detail::active_overrides();
+  PhaseTrace trace(ov.plan_trace);  // KVATTN_PLAN_TRACE=1 (plan_staging.h)
   require_cuda("BatchPrefill.plan on a CUDA workspace");
   DeviceGuard guard(device);
   const DeviceInfo& dev = device_info(device);
@@ -48,16 +49,26 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   // graph mode, whose captured kernel must serve every batch).
   const bool uniform_decode =
       pr.one_query_per_request && !pr.scheduler.cuda_graph && !decode_batch_is_skewed(pr.kv_len);
-  PrefillKernelConfig cfg =
-      choose_prefill_config(pr.q_dtype, pr.kv_dtype, pr.o_dtype, pr.head_dim_qk, pr.head_dim_vo, group,
-                            pr.paged, pr.page_size, pr.variant.features, max_qo,
-                            int64_t(dev.max_smem_per_block_optin), uniform_decode, pr.variant.soft_cap);
+  PrefillProblemKey key;
+  key.q_dtype = pr.q_dtype;
+  key.kv_dtype = pr.kv_dtype;
+  key.o_dtype = pr.o_dtype;
+  key.head_dim_qk = pr.head_dim_qk;
+  key.head_dim_vo = pr.head_dim_vo;
+  key.group_size = group;
+  key.paged = pr.paged;
+  key.page_size = pr.page_size;
+  key.features = pr.variant.features;
+  key.max_qo_len = max_qo;
+  key.uniform_decode = uniform_decode;
+  key.soft_cap = pr.variant.soft_cap;
+  PrefillKernelConfig cfg = choose_prefill(key, limits_of(dev), ov);
   cfg.checked_ids = pr.paged && pr.device_kv_indices != nullptr;
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !kernel_ || config_.checked_ids == cfg.checked_ids,
                "in CUDA-graph mode the page table cannot move between host and device between plans (a captured "
                "run() replays the kernel it captured, which ", config_.checked_ids ? "checks" : "does not check",
                " device page ids)");
-  // A captured run() replays its kernel: whatever else chose it (a KVATTN_PREFILL_* knob read at
+  // A captured run() replays its kernel: whatever else chose it (an override read at
   // this plan) must not choose another between graph-mode plans (the wrappers check the rest).
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !graph_mode_ || !kernel_ || cfg.name() == config_.name(),
                "in CUDA-graph mode the prefill kernel cannot change between plans (a captured run() replays ",

@@ -87,11 +87,18 @@ const DeviceInfo& device_info(int index) {
     d->max_smem_per_block_optin =
         attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, index, "reading the opt-in shared memory");
     d->smem_per_sm = prop.sharedMemPerMultiprocessor;
+    d->reserved_smem_per_block =
+        attribute(cudaDevAttrReservedSharedMemoryPerBlock, index, "reading the reserved shared memory");
     d->l2_bytes = prop.l2CacheSize;
     d->global_mem_bytes = prop.totalGlobalMem;
     cache[index] = std::move(d);
   }
   return *cache[index];
+}
+
+DeviceLimits limits_of(const DeviceInfo& d) {
+  return {d.sm_count, int64_t(d.max_smem_per_block_optin), int64_t(d.smem_per_sm), int64_t(d.reserved_smem_per_block),
+          d.cc_major, d.cc_minor};
 }
 
 int current_device() {

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <string>
 
+#include "cuda/device_limits.h"
+
 namespace kvattn::cuda {
 
 // What the kernels' dispatch needs, read once per device.
@@ -19,9 +21,13 @@ struct DeviceInfo {
   int sm_count = 0;
   size_t max_smem_per_block_optin = 0;  // bytes a kernel may use after cudaFuncSetAttribute
   size_t smem_per_sm = 0;
+  size_t reserved_smem_per_block = 0;  // the runtime's share of each block's shared memory
   size_t l2_bytes = 0;
   size_t global_mem_bytes = 0;
 };
+
+// The device's limits as the kernel choices take them (cuda/device_limits.h).
+DeviceLimits limits_of(const DeviceInfo& device);
 
 // Whether at least one CUDA device can be used. Never throws; the first call probes the driver
 // (cudaGetDeviceCount) and caches the answer. When false, `reason` receives why.

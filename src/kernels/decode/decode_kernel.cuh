@@ -322,4 +322,12 @@ struct DecodeKernel {
   }
 };
 
+// The kernel of a named configuration (cuda::decode_spec generates one: q_dtype, kv_dtype,
+// o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, tile_tokens, stages,
+// threads).
+template <class C>
+using DecodeKernelFor = DecodeKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo,
+                                     C::heads_per_cta, C::page_size, C::features, C::tile_tokens, C::stages,
+                                     C::threads>;
+
 }  // namespace kvattn::kernels::decode

@@ -18,7 +18,8 @@
 
 namespace kvattn::kernels::decode {
 
-template <int DT, int QDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
+// Template order as every kernel family's: q, KV (the MMA type: tensor cores take q == KV), output.
+template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
           int STAGES, int WARPS>
 struct DecodeMmaKernel {
   using Variant = BuiltinVariant<FEATURES>;
@@ -376,5 +377,11 @@ struct DecodeMmaKernel {
     merge_and_store(p, smem, item, head0, group, m, d, acc, poisoned);
   }
 };
+
+// The kernel of a named configuration (cuda::decode_spec generates one: q_dtype, kv_dtype,
+// o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, stages, warps).
+template <class C>
+using DecodeMmaKernelFor = DecodeMmaKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo, C::heads_per_cta,
+                        C::page_size, C::features, C::stages, C::warps>;
 
 }  // namespace kvattn::kernels::decode

@@ -50,13 +50,14 @@ __device__ __forceinline__ float ex2(float x) {
 
 }  // namespace mma_t_detail
 
-template <int DT, int QDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
+// Template order as every kernel family's: q, KV (the MMA type: tensor cores take q == KV), output.
+template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
           int STAGES, int WARPS>
 struct DecodeMmaTKernel {
   using Variant = BuiltinVariant<FEATURES>;
   // The K/V stages and the page-id ring are laid out as in DecodeMmaKernel: its tile loads and
   // page-id fetches are used as they are.
-  using Base = DecodeMmaKernel<DT, QDT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
+  using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
   static_assert(DT == kF16 || DT == kBF16, "the tensor-core decode reads f16 or bf16 KV");
   static_assert(FEATURES != kDynamicFeatures && !(FEATURES & kRope) && !(FEATURES & kCustomMask),
                 "fused RoPE and custom masks run on the CUDA-core decode kernel");
@@ -333,5 +334,11 @@ struct DecodeMmaTKernel {
     fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
   }
 };
+
+// The kernel of a named configuration (cuda::decode_spec generates one: q_dtype, kv_dtype,
+// o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, stages, warps).
+template <class C>
+using DecodeMmaTKernelFor = DecodeMmaTKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo, C::heads_per_cta,
+                        C::page_size, C::features, C::stages, C::warps>;
 
 }  // namespace kvattn::kernels::decode

@@ -59,10 +59,11 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 
 }  // namespace tma_detail
 
-template <int DT, int QDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
+// Template order as every kernel family's: q, KV (the MMA type: tensor cores take q == KV), output.
+template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
           int STAGES, int WARPS>
 struct DecodeTmaKernel {
-  using Base = DecodeMmaKernel<DT, QDT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
+  using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
   static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
   static_assert(DQK % 64 == 0 && DVO % 64 == 0, "whole 64-dim (128-byte) boxes");
   static constexpr int kThreads = Base::kThreads;
@@ -208,5 +209,11 @@ struct DecodeTmaKernel {
     fence_proxy_async_smem();
   }
 };
+
+// The kernel of a named configuration (cuda::decode_spec generates one: q_dtype, kv_dtype,
+// o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, stages, warps).
+template <class C>
+using DecodeTmaKernelFor = DecodeTmaKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo, C::heads_per_cta,
+                        C::page_size, C::features, C::stages, C::warps>;
 
 }  // namespace kvattn::kernels::decode

@@ -27,8 +27,7 @@ struct PrefillMmaKernel {
   using IO = TileIO<C>;
   using SM = ScoreMath<C>;
   static constexpr int MT = C::MT, kNT = C::kWarpKV / 8, kND = C::DVO / 8;
-  // Accumulator n-tiles: O's, then (kRowSumMMA) one whose every column is the row sum d.
-  static constexpr int kNAcc = kND + (C::kRowSumMMA ? 1 : 0);
+  static constexpr int kNAcc = kND;  // accumulator n-tiles: O's
   static constexpr bool kQInRegisters = MT == 1 && C::DQK <= 128;
   // kHalfTiles: the tile in 2 or 4 parts of whole 16-key steps (compute_scores and accumulate_pv
   // step 16 keys), Q K^T part by part first, then each part's softmax (the fixed shift, or the
@@ -349,43 +348,11 @@ struct PrefillMmaKernel {
   static __device__ __forceinline__ void accumulate_pv(const float (&s)[MT][kNT][4], const PPacked& pp,
                                                        float (&acc)[MT][kNAcc][4],
                                                        const char* vs_base, int lane) {
-    // kRowSumMMA: B = ones, so every column of the extra tile gains P's row sums over 16 tokens.
-    constexpr uint32_t kOnes = C::DT == kBF16 ? 0x3f803f80u : 0x3c003c00u;
     const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
     const char* v_lane = vs_base + v_row * C::kPitchV + v_col * 2;
     // Swizzled V (v_row % 8 == lane % 8): chunk (v_col / 8 + 2 dn) ^ (lane % 8).
     const char* v_row_base = vs_base + v_row * C::kPitchV;
     const int v_swz = ((lane / 16) ^ (lane % 8)) * 16;
-    if constexpr (C::kPVByDim) {
-      // Dims outermost: the lane's address for 16 dims is one XOR (swizzled) or add, then the
-      // token steps kk * 16 rows are constant offsets; each dn's 2 MT accumulators take the kk
-      // products in a row.
-      const uint32_t v0 = smem_addr(v_row_base);
-#pragma unroll
-      for (int dn = 0; dn < C::DVO / 16; ++dn) {
-        const uint32_t vd = v0 + (C::kSwizzleKV ? uint32_t(v_swz ^ (dn * 32)) : uint32_t(v_col * 2 + dn * 32));
-#pragma unroll
-        for (int kk = N0 / 2; kk < N1 / 2; ++kk) {
-          uint32_t b[4];
-          ldmatrix_x4_trans_at(b, vd + kk * 16 * C::kPitchV);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const uint32_t pa[4] = {pp[mt][2 * kk][0], pp[mt][2 * kk][1], pp[mt][2 * kk + 1][0], pp[mt][2 * kk + 1][1]};
-            mma_16816<C::DT>(acc[mt][2 * dn], pa, b[0], b[1]);
-            mma_16816<C::DT>(acc[mt][2 * dn + 1], pa, b[2], b[3]);
-          }
-        }
-      }
-      if constexpr (C::kRowSumMMA)
-#pragma unroll
-        for (int kk = N0 / 2; kk < N1 / 2; ++kk)
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const uint32_t pa[4] = {pp[mt][2 * kk][0], pp[mt][2 * kk][1], pp[mt][2 * kk + 1][0], pp[mt][2 * kk + 1][1]};
-            mma_16816<C::DT>(acc[mt][kND], pa, kOnes, kOnes);
-          }
-      return;
-    }
 #pragma unroll
     for (int kk = N0 / 2; kk < N1 / 2; ++kk) {
       uint32_t pa[MT][4];
@@ -416,9 +383,6 @@ struct PrefillMmaKernel {
           mma_16816<C::DT>(acc[mt][2 * dn + 1], pa[mt], b[2], b[3]);
         }
       }
-      if constexpr (C::kRowSumMMA)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_16816<C::DT>(acc[mt][kND], pa[mt], kOnes, kOnes);
     }
   }
 
@@ -447,12 +411,8 @@ struct PrefillMmaKernel {
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if constexpr (C::kRowSumMMA) {
-          d[mt][r] = acc[mt][kND][2 * r];  // the MMA summed over the quad's columns already
-        } else {
-          d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 1);
-          d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 2);
-        }
+        d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 1);
+        d[mt][r] += __shfl_xor_sync(0xffffffffu, d[mt][r], 2);
         const int row = row0 + mt * 16 + g + 8 * r;
         const int tq = row / C::GH;
         if (tq >= it.q_tokens) continue;

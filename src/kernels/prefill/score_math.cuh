@@ -217,8 +217,7 @@ struct ScoreMath {
   // Online softmax over the tile's n-tiles [N0, N1) (a part of it under kHalfTiles, the whole
   // otherwise): new row maxima (reduced over the quad sharing a row), the
   // rescale of d and O (skipped when no row of the warp moved), P = 2^(c s - c m) in place.
-  // m is kept in score units; c = exp_scale(). With kRowSumMMA the row sums are acc's last
-  // n-tile (the P V pass adds them), rescaled with O.
+  // m is kept in score units; c = exp_scale().
   template <int NACC, int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
                                                         float (&acc)[MT][NACC][4], float c) {
@@ -233,7 +232,7 @@ struct ScoreMath {
 #pragma unroll
             for (int j = 2 * r; j < 2 * r + 2; ++j) {
               s[mt][n][j] = fast_exp2(kCapUnits ? fmaf(s[mt][n][j], c, neg_shift) : s[mt][n][j]);
-              if constexpr (!C::kRowSumMMA) d[mt][r] += s[mt][n][j];
+              d[mt][r] += s[mt][n][j];
             }
         }
       return;
@@ -260,13 +259,13 @@ struct ScoreMath {
         rescale[mt][r] = m[mt][r] == -INFINITY ? 0.0f : fast_exp2(m[mt][r] * c - m_scaled);  // O, d were 0
         moved = moved || mx != m[mt][r];
         m[mt][r] = mx;
-        if constexpr (!C::kRowSumMMA) d[mt][r] *= rescale[mt][r];  // else d is acc's last tile
+        d[mt][r] *= rescale[mt][r];
 #pragma unroll
         for (int n = N0; n < N1; ++n)
 #pragma unroll
           for (int j = 2 * r; j < 2 * r + 2; ++j) {
             s[mt][n][j] = fast_exp2(fmaf(s[mt][n][j], c, -m_scaled));
-            if constexpr (!C::kRowSumMMA) d[mt][r] += s[mt][n][j];
+            d[mt][r] += s[mt][n][j];
           }
       }
     if (__any_sync(0xffffffffu, moved)) {

@@ -12,7 +12,7 @@
 //
 // Every row pitch is an odd number of 16-byte chunks, so the 8 rows one ldmatrix phase reads fall
 // in 8 different 16-byte bank groups (no conflicts) and cp.async destinations stay 16-byte aligned;
-// except K/V rows with the swizzle tuning (kTuneSwizzleKV): unpadded, chunk c of row r stored at
+// except K/V rows with the swizzle tuning (PrefillTuning::swizzle_kv): unpadded, chunk c of row r stored at
 // chunk c ^ (r % 8), conflict-free by the XOR instead.
 #pragma once
 
@@ -21,55 +21,51 @@
 namespace kvattn::kernels::prefill {
 
 // Code-generation choices of the prefill kernel that do not change its results beyond rounding
-// (PrefillKernelConfig::tuning; chosen per kernel from H200 measurements by
-// cuda::prefill_tuning_for):
-//  - kTuneLazyRescale: the online softmax keeps a stale row maximum as the reference of d and O
-//    until the row grows by more than 2^8, so O is rescaled less often;
-//  - kTuneSwizzleKV: unpadded, XOR-swizzled K/V rows (2-byte KV without RoPE, head dims a
-//    multiple of 64): whole 128-byte lines per copy;
-//  - kTuneUnrollQK: Q K^T fully unrolled over the head dim (else two k-steps per iteration);
-//  - kTunePackP: P packed to the MMA type right after the softmax, so the f32 scores die there
-//    (half the registers live across the wait for V; no spills at hd 128 with the other bits);
-//  - kTuneLeanCopies: K/V copies without per-row index arithmetic (it was a fifth of the main
-//    loop's instructions at hd 128): ragged rows step one pointer per thread, paged rows add
-//    their ring offset to one pointer; bounds are checked only on a tile crossing the item's end;
-//  - kTunePVByDim (with kTunePackP): P V walks V's dims outermost, so each lane's V address is
-//    one XOR per 16 dims and the tokens' steps are constant ldmatrix offsets (an experiment:
-//    within noise of 31 on hd 128; H200, 2026-11-30 at 370aabc);
-//  - kTuneWholeTileTransform: soft-cap / ALiBi / sigmoid transform a tile no mask cuts in one
+// (cuda::PrefillKernelConfig::tuning; chosen per kernel from H200 measurements by
+// cuda::prefill_tuning_for). Host and device share these types; the host writes them into each
+// kernel's generated configuration by name.
+//  - softmax: running_max, the textbook online softmax; lazy_rescale keeps a stale row maximum
+//    as the reference of d and O until the row grows by more than 2^8, so O is rescaled less
+//    often; fixed_shift (bf16 soft-cap without ALiBi, caps up to 54.7: cap_shift_fits) makes the
+//    weights 2^(y - shift) with one fixed shift (cap_shift_log2) instead of a row maximum, so the
+//    tile's chain S -> tanh -> exp has no maximum, no shuffle and no O rescale in it (the host
+//    picks it wherever it applies, cuda::choose_prefill);
+//  - swizzle_kv: unpadded, XOR-swizzled K/V rows (2-byte KV without RoPE, head dims a multiple
+//    of 64): whole 128-byte lines per copy;
+//  - unroll_qk: Q K^T fully unrolled over the head dim (else two k-steps per iteration);
+//  - pack_p: P packed to the MMA type right after the softmax, so the f32 scores die there (half
+//    the registers live across the wait for V; no spills at hd 128 with the other choices);
+//  - lean_copies: K/V copies without per-row index arithmetic (it was a fifth of the main loop's
+//    instructions at hd 128): ragged rows step one pointer per thread, paged rows add their ring
+//    offset to one pointer; bounds are checked only on a tile crossing the item's end;
+//  - whole_tile_transform: soft-cap / ALiBi / sigmoid transform a tile no mask cuts in one
 //    branch-free block, not one block per row (the per-row branch on `masked` split it in 8):
 //    ALiBi +3.7%, soft-cap 2-3% slower (its MUFU work then sits among the Q K^T MMAs);
-//  - kTuneRowSumMMA (softmax variants): the row sums d come from one more MMA per 16 keys, of the
-//    packed P against ones, instead of one FADD per score, so d sums exactly the rounded weights
-//    P V uses (O a weighted mean of V rows). An experiment (H200, 2026-11-30 at 10cb283):
-//    hd 64 +3.5%, hd 128 page 16 +4%, but the rest 2-9% slower, and the LSE then carries the
-//    weights' bf16 rounding (errors up to 1.7e-3 in log2 units, over the tests' tolerance), so no
-//    kernel takes it;
-//  - kTuneCapShift (bf16 soft-cap without ALiBi, caps up to 54.7: cap_shift_fits): the weights
-//    are 2^(y - shift) with one fixed shift (cap_shift_log2) instead of the running row maximum
-//    (the lazy rescale's bit then does nothing), so
-//    the tile's chain S -> tanh -> exp has no maximum, no shuffle and no O rescale in it. The
-//    host sets it wherever it applies (cuda::choose_prefill_config) and clears it elsewhere;
-//  - kTuneHalfTiles: a tile in two halves of keys, Q K^T of both first, then each half's softmax
-//    and P V, so that one half's MUFU work overlaps the other's MMAs (with kTuneCapShift the halves
-//    share the fixed shift; else each half updates the running maximum, as a tile would: plain
-//    softmax above hd 128: H200, 2026-12-01 at a97c407);
-//    kTuneQuarterTiles: four parts instead (H200 at 7bc9489: hd 256 +7%, tanh.approx hd 128 +5%;
-//    exact hd 128 -3%, hd 64 -3%). Parts are whole 16-key steps, so a 48-token tile goes whole
-//    and a 32-token one in halves whatever the bits say.
-enum PrefillTuning : unsigned {
-  kTuneLazyRescale = 1u,
-  kTuneSwizzleKV = 2u,
-  kTuneUnrollQK = 4u,
-  kTunePackP = 8u,
-  kTuneLeanCopies = 16u,
-  kTunePVByDim = 32u,
-  kTuneWholeTileTransform = 64u,
-  kTuneRowSumMMA = 128u,
-  kTuneCapShift = 256u,
-  kTuneHalfTiles = 512u,
-  kTuneQuarterTiles = 1024u,
-  kTuneAll = 2047u
+//  - split: a tile in two halves (or four quarters) of keys, Q K^T of all parts first, then each
+//    part's softmax and P V, so that one part's MUFU work overlaps another's MMAs (with the fixed
+//    shift the parts share it; else each part updates the running maximum, as a tile would).
+//    Softmax variants only. Parts are whole 16-key steps, so a 48-token tile goes whole and a
+//    32-token one in halves whatever the split says.
+// Measured and not kept (docs/DECISIONS.md, "Prefill kernels"): P V with V's dims outermost
+// (within noise) and the row sums from an MMA of P against ones (the LSE then carries the
+// weights' rounding).
+enum class SoftmaxForm : uint8_t { running_max, lazy_rescale, fixed_shift };
+enum class TileSplit : uint8_t { whole, halves, quarters };
+
+struct PrefillTuning {
+  SoftmaxForm softmax = SoftmaxForm::running_max;
+  bool swizzle_kv = false;
+  bool unroll_qk = false;
+  bool pack_p = false;
+  bool lean_copies = false;
+  bool whole_tile_transform = false;
+  TileSplit split = TileSplit::whole;
+
+  KVATTN_HD constexpr bool operator==(const PrefillTuning& o) const {
+    return softmax == o.softmax && swizzle_kv == o.swizzle_kv && unroll_qk == o.unroll_qk && pack_p == o.pack_p &&
+           lean_copies == o.lean_copies && whole_tile_transform == o.whole_tile_transform && split == o.split;
+  }
+  KVATTN_HD constexpr bool operator!=(const PrefillTuning& o) const { return !(*this == o); }
 };
 
 // Soft-cap's fixed shift, in log2 units of the logits y = c L tanh(x / c) in [-c L, c L] (c the
@@ -97,9 +93,8 @@ constexpr bool swizzles_kv(bool tuned, int dqk, int dvo, int kv_bytes, bool rope
 constexpr int kv_pitch_bytes(int row_bytes, bool swizzled) { return swizzled ? row_bytes : pitch_bytes(row_bytes); }
 
 // Bytes of the states the KV warps other than the first hand over: per warp and 16-row MMA tile, a
-// thread's O fragments (DVO / 2 floats), m and d (2 each), stored lane-major (conflict-free). The
-// row-sum tile of tuning bit 128 (4 floats more) is not counted: the kernel's static_assert checks
-// the exact size against the layout (the stages hold it with room to spare).
+// thread's O fragments (DVO / 2 floats), m and d (2 each), stored lane-major (conflict-free); the
+// kernel's static_assert checks the exact size against the layout.
 constexpr int kv_warp_merge_bytes(int dvo, int rows, int kv_warps) {
   return (kv_warps - 1) * (rows / 16) * 32 * (dvo / 2 + 4) * 4;
 }

@@ -11,23 +11,30 @@
 
 namespace kvattn::kernels::prefill {
 
-// DT: q and MMA type (f16/bf16); KVDT: KV storage (DT, e4m3 or e5m2); GH: query heads per CTA
-// (rows r of the M tile: token r / GH, head r % GH); MT: 16-row MMA tiles per warp (each K/V
-// fragment read from shared memory feeds MT MMAs); PAGE: baked page size, 0 = read at run time;
-// FAST_TANH: soft-cap through tanh.approx.f32 instead of 1 - 2 / (1 + 2^(2x log2 e)).
-// CHECK_IDS: paged ids from a device-resident table, checked here (host ids were checked on the host).
-// TUNING: PrefillTuning bits (smem_layout.cuh). KV_WARPS: warps that split each KV tile (the
-// decode shape: every such warp takes KV_TILE / KV_WARPS tokens of a stage for the same M rows,
-// and the warps' states are merged in shared memory at the end); the CTA has WARPS x KV_WARPS.
-template <int DT_, int KVDT_, int ODT_, int DQK_, int DVO_, int GH_, int WARPS_, int MT_, int KV_TILE_,
-          int STAGES_, bool PAGED_, int PAGE_, uint32_t FEATURES_, bool FAST_TANH_, bool CHECK_IDS_ = false,
-          uint32_t TUNING_ = 0, int KV_WARPS_ = 1>
+// The kernel's configuration, from a named one that the host generates for each kernel
+// (cuda::prefill_spec): struct N { q_dtype, kv_dtype, o_dtype (kernels::DTypeCode numbers),
+// head_dim_qk, head_dim_vo, heads_per_cta, warps, m_tiles, kv_warps, kv_tile, stages, paged,
+// page_size, checked_ids, features, fast_tanh, tuning }, each a static constexpr member.
+//  - q_dtype: q and MMA type (f16/bf16); kv_dtype: KV storage (q_dtype, e4m3 or e5m2);
+//  - heads_per_cta (GH): query heads per CTA (rows r of the M tile: token r / GH, head r % GH);
+//  - m_tiles (MT): 16-row MMA tiles per warp (each K/V fragment read from shared memory feeds MT
+//    MMAs); page_size (PAGE): baked page size, 0 = read at run time;
+//  - fast_tanh: soft-cap through tanh.approx.f32 instead of 1 - 2 / (1 + 2^(2x log2 e));
+//  - checked_ids: paged ids from a device-resident table, checked here (host ids were checked on
+//    the host);
+//  - tuning: a PrefillTuning (smem_layout.cuh);
+//  - kv_warps: warps that split each KV tile (the decode shape: every such warp takes kv_tile /
+//    kv_warps tokens of a stage for the same M rows, and the warps' states are merged in shared
+//    memory at the end); the CTA has warps x kv_warps.
+template <class N>
 struct PrefillConfig {
-  static constexpr int DT = DT_, KVDT = KVDT_, ODT = ODT_, DQK = DQK_, DVO = DVO_, GH = GH_;
-  static constexpr int WARPS = WARPS_, MT = MT_, KV_TILE = KV_TILE_, STAGES = STAGES_, PAGE = PAGE_;
-  static constexpr int KV_WARPS = KV_WARPS_, kWarpKV = KV_TILE_ / KV_WARPS_;  // kWarpKV: one warp's tokens
-  static constexpr bool PAGED = PAGED_, FAST_TANH = FAST_TANH_, CHECK_IDS = PAGED_ && CHECK_IDS_;
-  static constexpr uint32_t FEATURES = FEATURES_;
+  static constexpr int DT = N::q_dtype, KVDT = N::kv_dtype, ODT = N::o_dtype;
+  static constexpr int DQK = N::head_dim_qk, DVO = N::head_dim_vo, GH = N::heads_per_cta;
+  static constexpr int WARPS = N::warps, MT = N::m_tiles, KV_TILE = N::kv_tile, STAGES = N::stages;
+  static constexpr int PAGE = N::page_size;
+  static constexpr int KV_WARPS = N::kv_warps, kWarpKV = KV_TILE / KV_WARPS;  // kWarpKV: one warp's tokens
+  static constexpr bool PAGED = N::paged, FAST_TANH = N::fast_tanh, CHECK_IDS = N::paged && N::checked_ids;
+  static constexpr uint32_t FEATURES = N::features;
   static_assert(DT == kF16 || DT == kBF16, "the tensor-core prefill computes in f16 or bf16");
   static_assert(KVDT == DT || KVDT == kE4M3 || KVDT == kE5M2, "KV is the q dtype or fp8");
   static_assert(DQK % 16 == 0 && DVO % 16 == 0 && DQK <= 256 && DVO <= 256, "head dims");
@@ -44,20 +51,18 @@ struct PrefillConfig {
   static constexpr bool kHasRope = (FEATURES & kRope) != 0;
   static constexpr bool kTransform = kConvert || kHasRope;
   static constexpr int kPitchQ = pitch_bytes(DQK * 2);
-  static constexpr uint32_t TUNING = TUNING_;
-  static constexpr bool kLazyRescale = (TUNING & kTuneLazyRescale) != 0;
-  static constexpr bool kUnrollQK = (TUNING & kTuneUnrollQK) != 0;
-  static constexpr bool kPackP = (TUNING & kTunePackP) != 0;
-  static constexpr bool kLeanCopies = (TUNING & kTuneLeanCopies) != 0;
-  static constexpr bool kPVByDim = (TUNING & kTunePVByDim) != 0 && kPackP;
-  static constexpr bool kWholeTileTransform = (TUNING & kTuneWholeTileTransform) != 0;
-  static constexpr bool kRowSumMMA = (TUNING & kTuneRowSumMMA) != 0 && (FEATURES & kSigmoid) == 0;
-  static constexpr bool kCapShift =
-      (TUNING & kTuneCapShift) != 0 && (FEATURES & kSoftCap) != 0 && (FEATURES & (kSigmoid | kAlibi)) == 0 && DT == kBF16;
+  static constexpr PrefillTuning kTuning = N::tuning;
+  static constexpr bool kLazyRescale = kTuning.softmax == SoftmaxForm::lazy_rescale;
+  static constexpr bool kUnrollQK = kTuning.unroll_qk;
+  static constexpr bool kPackP = kTuning.pack_p;
+  static constexpr bool kLeanCopies = kTuning.lean_copies;
+  static constexpr bool kWholeTileTransform = kTuning.whole_tile_transform;
+  static constexpr bool kCapShift = kTuning.softmax == SoftmaxForm::fixed_shift && (FEATURES & kSoftCap) != 0 &&
+                                    (FEATURES & (kSigmoid | kAlibi)) == 0 && DT == kBF16;
   // By parts: softmax variants only (sigmoid's weights by parts are unmeasured and untested).
-  static constexpr bool kHalfTiles = (TUNING & kTuneHalfTiles) != 0 && (FEATURES & kSigmoid) == 0;
-  static constexpr bool kQuarterTiles = (TUNING & kTuneQuarterTiles) != 0 && kHalfTiles;
-  static constexpr bool kSwizzleKV = swizzles_kv((TUNING & kTuneSwizzleKV) != 0, DQK, DVO, kKVBytes, kHasRope);
+  static constexpr bool kHalfTiles = kTuning.split != TileSplit::whole && (FEATURES & kSigmoid) == 0;
+  static constexpr bool kQuarterTiles = kTuning.split == TileSplit::quarters && kHalfTiles;
+  static constexpr bool kSwizzleKV = swizzles_kv(kTuning.swizzle_kv, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");
   static constexpr int kPitchK = kv_pitch_bytes(DQK * 2, kSwizzleKV), kPitchV = kv_pitch_bytes(DVO * 2, kSwizzleKV);
   static constexpr int kRawPitchK = kv_pitch_bytes(DQK * kKVBytes, kSwizzleKV);
