@@ -311,5 +311,37 @@ TEST(Hardening, ErrorsNameTheArgumentAtFault) {
   EXPECT_KVATTN_ERROR(prefill.plan(pp), "qo_indptr has 3 elements (batch_size 2) but kv_indptr describes batch_size 3");
 }
 
+// is_contiguous() multiplied the sizes from the last dim in int64: an empty view with huge other
+// sizes (valid: no element), or a view being rejected for its size and described in the error,
+// overflowed (UBSan: signed integer overflow in tensor.cpp).
+TEST(Hardening, ContiguityOfHugeEmptyViewsDoesNotOverflow) {
+  int32_t storage[1] = {0};
+  const TensorView empty(storage, DType::f32, {0, int64_t(1) << 40, int64_t(1) << 40});
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_NE(empty.describe().find("f32[0, 1099511627776, 1099511627776]"), std::string::npos);  // is_contiguous() inside
+  const int64_t shape[3] = {0, int64_t(1) << 40, int64_t(1) << 40}, strides[3] = {7, int64_t(1) << 40, 1};
+  EXPECT_FALSE(TensorView(storage, DType::f32, 3, shape, strides).is_contiguous());
+  // Rejected for its size; describing it in the message runs is_contiguous() on 2^93 elements.
+  const int64_t huge[3] = {int64_t(1) << 31, int64_t(1) << 31, int64_t(1) << 31};
+  EXPECT_KVATTN_ERROR(TensorView(storage, DType::f32, 3, huge, nullptr), "more elements than int64 can count");
+}
+
+// ---- found by the API fuzzer (fuzz/) -------------------------------------------------------------
+// A custom mask with elements but a null data pointer was copied from address 0 by plan() (UBSan:
+// null pointer passed to memmove; a segfault without sanitizers).
+TEST(Hardening, CustomMaskWithNullDataIsAnError) {
+  HostTensor qo = int32_tensor({0, 2}), kv = int32_tensor({0, 3}), mask_indptr = int32_tensor({0, 1});
+  kvattn::BatchPrefillPlan p;
+  p.num_qo_heads = p.num_kv_heads = 1;
+  p.head_dim_qk = 16;
+  p.variant = kvattn::variants::custom_mask();
+  p.qo_indptr = qo.view();
+  p.kv_indptr = kv.view();
+  p.mask_indptr = mask_indptr.view();
+  p.custom_mask = TensorView(nullptr, DType::u8, {1});  // 2 x 3 bits: one byte
+  kvattn::BatchPrefill op;
+  EXPECT_KVATTN_ERROR(op.plan(p), "custom_mask has a null data pointer");
+}
+
 }  // namespace
 }  // namespace kvattn_test

@@ -113,7 +113,13 @@ bool TensorView::is_contiguous() const {
   int64_t expected = 1;
   for (int i = ndim_ - 1; i >= 0; --i) {
     if (shape_[i] != 1 && strides_[i] != expected) return false;
-    expected *= shape_[i];
+    // The product can pass int64 (an empty view's other sizes, or a view being rejected by
+    // check_extent() and described): no stride can equal it, so only sizes of 1 may follow.
+    if (__builtin_mul_overflow(expected, shape_[i], &expected)) {
+      for (int j = i - 1; j >= 0; --j)
+        if (shape_[j] != 1) return false;
+      return true;
+    }
   }
   return true;
 }
