@@ -4,6 +4,8 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <chrono>
+
 #include "common.h"
 
 namespace kvattn::py {
@@ -82,6 +84,18 @@ struct Base {
   nb::object workspace_obj;
   nb::object plan_inputs;
   Planned planned;
+  // Nanoseconds spent in the last C++ plan()/run() call itself (the binding's own cost is the rest;
+  // python/benchmarks/decode_overhead.py).
+  int64_t last_native_ns = 0;
+
+  template <class F>
+  void timed(F&& f) {
+    nb::gil_scoped_release release;
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    last_native_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - t0).count();
+  }
 
   TensorView init_workspace(nb::handle ws) {
     workspace_obj = nb::borrow(ws);
@@ -106,7 +120,7 @@ struct Base {
     const TensorView& o = tensor_arg("out", out_obj, ho, true);
     const TensorView& l = tensor_arg("lse", lse_obj, hl, true, true);
     void* s = stream_arg(stream, q_obj, q);
-    without_gil([&] { call(o, l, s); });
+    timed([&] { call(o, l, s); });
     if (want_lse) return nb::make_tuple(out_obj, lse_obj);
     return out_obj;
   }
@@ -224,7 +238,7 @@ void bind_attention(nb::module_& m) {
             p.page_table = page_table_arg(page_table, h);
             p.page_size = page_size;
             void* s = self.plan_stream(stream);
-            without_gil([&] { self.impl.plan(p, s); });
+            self.timed([&] { self.impl.plan(p, s); });
             self.plan_inputs = nb::borrow(page_table);
             self.planned = planned_from(p);
           },
@@ -268,6 +282,8 @@ void bind_attention(nb::module_& m) {
            "The Plan run() executes (a snapshot), or None before plan().")
       .def("kernel_family", [](const PyBatchDecode& self) { return std::string(self.impl.kernel_family()); },
            "'decode', 'prefill' (the GPU kernels the last plan chose), 'cpu', or '' before plan().")
+      .def_prop_ro("_last_native_ns", [](const PyBatchDecode& self) { return self.last_native_ns; },
+                   "Nanoseconds the last plan()/run() spent in the C++ call itself.")
       .def_prop_ro("kv_layout", [](const PyBatchDecode& self) { return self.layout; })
       .def_prop_ro("workspace", [](const PyBatchDecode& self) { return self.workspace_obj; });
 
@@ -306,7 +322,7 @@ void bind_attention(nb::module_& m) {
             p.custom_mask = tensor_arg("custom_mask", custom_mask, hm, false, true);
             p.mask_indptr = index_arg("mask_indptr", mask_indptr, hmi, true);
             void* s = self.plan_stream(stream);
-            without_gil([&] { self.impl.plan(p, s); });
+            self.timed([&] { self.impl.plan(p, s); });
             self.plan_inputs = nb::make_tuple(qo_indptr, kv_indptr, page_table, custom_mask, mask_indptr);
             self.planned = planned_from(p, paged);
           },
@@ -356,6 +372,7 @@ void bind_attention(nb::module_& m) {
           nb::arg("stream") = nb::none(), "As BatchDecode.check_errors.")
       .def("schedule", [](const PyBatchPrefill& self) { return schedule_of(self); },
            "The Plan run() executes (a snapshot), or None before plan().")
+      .def_prop_ro("_last_native_ns", [](const PyBatchPrefill& self) { return self.last_native_ns; })
       .def_prop_ro("kv_layout", [](const PyBatchPrefill& self) { return self.layout; })
       .def_prop_ro("workspace", [](const PyBatchPrefill& self) { return self.workspace_obj; });
 
@@ -380,7 +397,7 @@ void bind_attention(nb::module_& m) {
             Held h[2];
             p.bsr = bsr_arg(bsr, h);
             void* s = self.plan_stream(stream);
-            without_gil([&] { self.impl.plan(p, s); });
+            self.timed([&] { self.impl.plan(p, s); });
             self.plan_inputs = nb::borrow(bsr);
             self.planned = planned_from(p);
           },
@@ -409,6 +426,7 @@ void bind_attention(nb::module_& m) {
           KVATTN_RUN_RETURNS)
       .def("schedule", [](const PyBlockSparse& self) { return schedule_of(self); },
            "The Plan run() executes (a snapshot), or None before plan().")
+      .def_prop_ro("_last_native_ns", [](const PyBlockSparse& self) { return self.last_native_ns; })
       .def_prop_ro("workspace", [](const PyBlockSparse& self) { return self.workspace_obj; });
 }
 
