@@ -32,6 +32,32 @@ nb::handle frameworks() {
   return module;
 }
 
+// torch._C._to_dlpack when obj is a torch.Tensor (exactly; subclasses take __dlpack__), else null.
+// Looked up once torch is imported (sys.modules), never importing it.
+PyObject* torch_to_dlpack(nb::handle obj) {
+  static PyTypeObject* tensor_type = nullptr;
+  static PyObject* exporter = nullptr;
+  if (!tensor_type) {
+    if (std::strncmp(Py_TYPE(obj.ptr())->tp_name, "Tensor", 6) != 0) return nullptr;
+    PyObject* modules = PyImport_GetModuleDict();
+    PyObject* torch = PyDict_GetItemString(modules, "torch");
+    if (!torch) return nullptr;
+    PyObject* tensor = PyObject_GetAttrString(torch, "Tensor");
+    PyObject* c = PyObject_GetAttrString(torch, "_C");
+    PyObject* fn = c ? PyObject_GetAttrString(c, "_to_dlpack") : nullptr;
+    Py_XDECREF(c);
+    if (!tensor || !fn || !PyType_Check(tensor)) {
+      Py_XDECREF(tensor);
+      Py_XDECREF(fn);
+      PyErr_Clear();
+      return nullptr;
+    }
+    tensor_type = reinterpret_cast<PyTypeObject*>(tensor);  // kept for the process's lifetime
+    exporter = fn;
+  }
+  return Py_TYPE(obj.ptr()) == tensor_type ? exporter : nullptr;
+}
+
 // "float64" for an object with a dtype attribute, else "code C, bits B".
 std::string source_dtype(nb::handle obj, const nb::dlpack::dtype& dt) {
   if (nb::hasattr(obj, "dtype")) {
@@ -188,6 +214,19 @@ const TensorView& tensor_arg(const char* name, nb::handle obj, Held& held, bool 
   };
   std::optional<DType> tag;
   nb::handle src = obj;
+  // torch tensors: their C-level exporter (torch.utils.dlpack.to_dlpack) rather than the Python
+  // method Tensor.__dlpack__ that nanobind would call (a few microseconds of Python per tensor).
+  if (PyObject* exporter = torch_to_dlpack(obj)) {
+    PyObject* capsule = PyObject_CallOneArg(exporter, obj.ptr());
+    if (capsule) {
+      held.object = nb::steal(capsule);
+      if (import(held.object)) {
+        held.view = writable ? view_of(name, held.rw, obj, tag) : view_of(name, held.ro, obj, tag);
+        return held.view;
+      }
+    }
+    PyErr_Clear();  // e.g. fp8 on a torch without DLPack fp8: the general path below
+  }
   if (!import(src)) {
     tag = integer_view(obj, held.object);
     if (tag) src = held.object;
