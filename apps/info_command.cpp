@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "core/overrides.h"
 #include "kvattn/kvattn.h"
 #if KVATTN_WITH_CUDA
 #include "cuda/runtime.h"  // device discovery (never throws; no driver means no device)
@@ -42,9 +43,14 @@ BackendInfo query_backends() {
 
 void register_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Print the version and the backends available on this machine");
-  auto json = std::make_shared<bool>(false);
+  auto json = std::make_shared<bool>(false), env = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "Print the information as JSON");
-  cmd->callback([json] {
+  cmd->add_flag("--env", *env, "Print the table of KVATTN_* environment variables (Markdown, as in README.md)");
+  cmd->callback([json, env] {
+    if (*env) {
+      std::cout << kvattn::detail::override_table_markdown();
+      return;
+    }
     const kvattn_cli::BackendInfo b = kvattn_cli::query_backends();
     if (*json) {
       nlohmann::json j;

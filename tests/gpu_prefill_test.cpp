@@ -213,7 +213,7 @@ TEST(GpuPrefill, DecodeShapes) {
       const kvattn::Variant& v = variants[i];
       KVATTN_CASE_RNG(rng);
       AttnCase c = gpu_case(DType::f16, i % 2 ? DType::e4m3 : DType::f16);
-      c.lens = {{1, 1}, {4, 17}, {2, 63}, {1, 0}, {3, 577}, {1, rng.integer(1000, 3000)}};
+      c.lens = {{1, 1}, {4, 17}, {2, 63}, {0, 0}, {3, 577}, {1, rng.integer(1000, 3000)}};
       c.variant = v;
       c.store = kStores[i % 3];
       c.page_size = i % 3 == 0 ? 16 : i % 3 == 1 ? 5 : 1;
