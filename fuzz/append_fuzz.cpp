@@ -223,10 +223,12 @@ void fuzz_append(Ctx& ctx) {
   Ctx* cx = &ctx;
   std::vector<Corruption> c;
   const int tok = p.layout == KVLayout::NHD ? 1 : 2, head = p.layout == KVLayout::NHD ? 2 : 1;
-  tensor_corruptions(ctx, c, "append_k", bad.ak, {kKVDtypes, true, {0, 1, 2}, false});
-  tensor_corruptions(ctx, c, "append_v", bad.av, {kKVDtypes, true, {0, 1, 2}, false});
-  tensor_corruptions(ctx, c, "paged k", bad.cache.k, {kKVDtypes, true, {0, tok, head, 3}, true});
-  tensor_corruptions(ctx, c, "paged v", bad.cache.v, {kKVDtypes, true, {0, tok, head, 3}, true});
+  // The four tensors' sizes are legal relative to each other (append_k's head dim to the cache's,
+  // k's pages to v's): one target, or two corruptions could agree again.
+  tensor_corruptions(ctx, c, "append_k", bad.ak, {kKVDtypes, true, {0, 1, 2}, false, "tensors"});
+  tensor_corruptions(ctx, c, "append_v", bad.av, {kKVDtypes, true, {0, 1, 2}, false, "tensors"});
+  tensor_corruptions(ctx, c, "paged k", bad.cache.k, {kKVDtypes, true, {0, tok, head, 3}, true, "tensors"});
+  tensor_corruptions(ctx, c, "paged v", bad.cache.v, {kKVDtypes, true, {0, tok, head, 3}, true, "tensors"});
   index_array_corruptions(ctx, c, "batch_indices", bad.batch, true);
   index_array_corruptions(ctx, c, "positions", bad.pos, true);
   if (nnz > 0) {
@@ -258,11 +260,13 @@ void fuzz_append(Ctx& ctx) {
   // The page table.
   const std::vector<int32_t> ind = kvattn_test::as_int32(p.paged->indptr);
   const int32_t used = ind.back();
-  indptr_corruptions(ctx, c, "kv_indptr", bad.table.indptr);
-  index_array_corruptions(ctx, c, "kv_indptr", bad.table.indptr, true);
+  // kv_indptr's and kv_last_page_len's lengths are legal relative to each other (one more request
+  // in both is a valid table): one target "page table".
+  indptr_corruptions(ctx, c, "kv_indptr", bad.table.indptr, "page table");
+  index_array_corruptions(ctx, c, "kv_indptr", bad.table.indptr, true, "page table");
   {
     const int64_t nidx = p.paged->indices.numel();
-    c.push_back({"kv_indptr[-1] past the end of kv_indices", "kv_indptr", [cx, A, nidx] {
+    c.push_back({"kv_indptr[-1] past the end of kv_indices", "page table", [cx, A, nidx] {
                    auto v = int32_values(A->table.indptr);
                    v.back() = int32_t(nidx + 1);
                    replace_int32(*cx, A->table.indptr, v);
@@ -280,12 +284,12 @@ void fuzz_append(Ctx& ctx) {
     c.push_back({"kv_indices shorter than kv_indptr[-1]", "kv_indices",
                  [A, used] { A->table.indices = with_size(A->table.indices, 0, used - 1); }});
   }
-  index_array_corruptions(ctx, c, "kv_last_page_len", bad.table.last_page_len, true);
+  index_array_corruptions(ctx, c, "kv_last_page_len", bad.table.last_page_len, true, "page table");
   if (B > 0) {
     const int64_t b = s.range(0, B - 1);
     const bool has = ind[size_t(b) + 1] > ind[size_t(b)];
     const int32_t bl = int32_t(has ? s.pick<int64_t>({0, -1, p.page_size + 1}) : s.pick<int64_t>({-1, p.page_size + 1}));
-    c.push_back({cat("kv_last_page_len[", b, "] = ", bl), "kv_last_page_len", [cx, A, b, bl] {
+    c.push_back({cat("kv_last_page_len[", b, "] = ", bl), "page table", [cx, A, b, bl] {
                    auto v = int32_values(A->table.last_page_len);
                    v[size_t(b)] = bl;
                    replace_int32(*cx, A->table.last_page_len, v);
@@ -293,13 +297,13 @@ void fuzz_append(Ctx& ctx) {
   }
   // Aliasing: the cache shares no byte with an input, nor (split) k with v.
   if (nnz > 0 && bad.cache.k.numel() > 0)
-    c.push_back({"append_k overlaps paged k", "append_k", [A] { A->ak = with_data(A->ak, A->cache.k.data()); }});
+    c.push_back({"append_k overlaps paged k", "tensors", [A] { A->ak = with_data(A->ak, A->cache.k.data()); }});
   if (bad.cache.v.numel() > 0) {
-    c.push_back({"kv_indptr inside paged v", "kv_indptr", [A] {
+    c.push_back({"kv_indptr inside paged v", "page table", [A] {
                    A->table.indptr = with_data(A->table.indptr, A->cache.v.data());
                  }});
     if (!p.combined)
-      c.push_back({"paged v overlaps paged k", "paged v", [A] { A->cache.v = with_data(A->cache.v, A->cache.k.data()); }});
+      c.push_back({"paged v overlaps paged k", "tensors", [A] { A->cache.v = with_data(A->cache.v, A->cache.k.data()); }});
   }
   expect_rejection(ctx, [&] {
     ctx.apply_corruptions(c);

@@ -35,14 +35,14 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
   // Shape and dtypes of the plan.
   {
     const int qh = int(s.pick<int64_t>({0, -1, hq + hkv, hkv > 1 ? hq + 1 : 0}));
-    c.push_back({cat("num_qo_heads = ", qh), "shape.heads", [A, qh] { A->shape.num_qo_heads = qh; }});
+    c.push_back({cat("num_qo_heads = ", qh), "dims", [A, qh] { A->shape.num_qo_heads = qh; }});
     const int kh = int(s.pick<int64_t>({0, -2, hq + 1, hkv > 1 ? 1 : hkv + 1}));
-    c.push_back({cat("num_kv_heads = ", kh), "shape.heads", [A, kh] { A->shape.num_kv_heads = kh; }});
+    c.push_back({cat("num_kv_heads = ", kh), "dims", [A, kh] { A->shape.num_kv_heads = kh; }});
     std::vector<int64_t> dq{0, 7, 12, 520, -8, 4};
     for (int d : {8, 16, 32, 64})
       if (d != dqk) dq.push_back(d);
     const int d1 = int(s.pick(dq));
-    c.push_back({cat("head_dim_qk = ", d1), "shape.dims", [A, d1, dvo] {
+    c.push_back({cat("head_dim_qk = ", d1), "dims", [A, d1, dvo] {
                    if (A->shape.head_dim_vo == 0) A->shape.head_dim_vo = dvo;  // keep vo as it was
                    A->shape.head_dim_qk = d1;
                  }});
@@ -50,7 +50,7 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
     for (int d : {8, 16, 32, 64})
       if (d != dvo) dv.push_back(d);
     const int d2 = int(s.pick(dv));
-    c.push_back({cat("head_dim_vo = ", d2), "shape.dims", [A, d2] { A->shape.head_dim_vo = d2; }});
+    c.push_back({cat("head_dim_vo = ", d2), "dims", [A, d2] { A->shape.head_dim_vo = d2; }});
     auto other = [&](const std::vector<DType>& pool, DType not_this) {
       std::vector<DType> o;
       for (DType d : pool)
@@ -58,15 +58,15 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
       return s.pick(o);
     };
     const DType qd = other(kAllDtypes, p.qt);
-    c.push_back({cat("q_dtype = ", dtype_str(qd)), "shape.q_dtype", [A, qd, p = &p] {
+    c.push_back({cat("q_dtype = ", dtype_str(qd)), "dtypes", [A, qd, p = &p] {
                    A->shape.q_dtype = qd;
                    if (!A->shape.kv_dtype) A->shape.kv_dtype = p->kvt;
                    if (!A->shape.o_dtype) A->shape.o_dtype = p->ot;
                  }});
     const DType kd = other(kAllDtypes, p.kvt);
-    c.push_back({cat("kv_dtype = ", dtype_str(kd)), "shape.kv_dtype", [A, kd] { A->shape.kv_dtype = kd; }});
+    c.push_back({cat("kv_dtype = ", dtype_str(kd)), "dtypes", [A, kd] { A->shape.kv_dtype = kd; }});
     const DType od = other(kAllDtypes, p.ot);
-    c.push_back({cat("o_dtype = ", dtype_str(od)), "shape.o_dtype", [A, od] { A->shape.o_dtype = od; }});
+    c.push_back({cat("o_dtype = ", dtype_str(od)), "dtypes", [A, od] { A->shape.o_dtype = od; }});
   }
 
   // The variant's values.
@@ -118,12 +118,14 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
   scheduler_corruptions(ctx, c, a.shape.scheduler, batch, p.rows);
 
   // Query, output, lse and ragged K/V tensors.
-  tensor_corruptions(ctx, c, "q", a.q, {{p.qt}, true, {0, 1, 2}, false});
-  tensor_corruptions(ctx, c, "out", a.out, {{p.ot}, true, {0, 1, 2}, true});
-  tensor_corruptions(ctx, c, "lse", a.lse, {{DType::f32}, false, {0, 1}, true});
+  // Sizes and dtypes are checked against the plan's: one corruption of either kind per iteration
+  // (targets "dims" and "dtypes", shared with the plan fields), or two could agree again.
+  tensor_corruptions(ctx, c, "q", a.q, {{p.qt}, true, {0, 1, 2}, false, "q", "dims", "dtypes"});
+  tensor_corruptions(ctx, c, "out", a.out, {{p.ot}, true, {0, 1, 2}, true, "out", "dims", "dtypes"});
+  tensor_corruptions(ctx, c, "lse", a.lse, {{DType::f32}, false, {0, 1}, true, "lse", "dims", "dtypes"});
   if (!paged) {
-    tensor_corruptions(ctx, c, "k", a.k, {{p.kvt}, true, {0, 1, 2}, false});
-    tensor_corruptions(ctx, c, "v", a.v, {{p.kvt}, true, {0, 1, 2}, false});
+    tensor_corruptions(ctx, c, "k", a.k, {{p.kvt}, true, {0, 1, 2}, false, "k", "dims", "dtypes"});
+    tensor_corruptions(ctx, c, "v", a.v, {{p.kvt}, true, {0, 1, 2}, false, "v", "dims", "dtypes"});
   }
   // Aliasing (kvattn/attention.h: out and lse share no byte with each other or any input).
   const TensorView& kview = paged ? a.cache.k : a.k;
@@ -157,12 +159,14 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
     const std::vector<int32_t> ind = kvattn_test::as_int32(pk.indptr);
     const int32_t used = ind.back();
     const int64_t num_pages = pk.num_pages();
-    indptr_corruptions(ctx, c, "kv_indptr", a.table.indptr);
-    index_array_corruptions(ctx, c, "kv_indptr", a.table.indptr, true);
+    // The arrays whose lengths give the batch size agree again when two grow alike (one more,
+    // empty request): all their corruptions share the target "batch".
+    indptr_corruptions(ctx, c, "kv_indptr", a.table.indptr, "batch");
+    index_array_corruptions(ctx, c, "kv_indptr", a.table.indptr, true, "batch");
     {
       TensorView* t = &a.table.indptr;
       const int64_t nidx = pk.indices.numel();
-      c.push_back({"kv_indptr[-1] past the end of kv_indices", "kv_indptr", [cx, t, nidx] {
+      c.push_back({"kv_indptr[-1] past the end of kv_indices", "batch", [cx, t, nidx] {
                      auto v = int32_values(*t);
                      v.back() = int32_t(nidx + 1);
                      replace_int32(*cx, *t, v);
@@ -181,24 +185,24 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
       c.push_back({"kv_indices shorter than kv_indptr[-1]", "kv_indices",
                    [t, used] { *t = with_size(*t, 0, used - 1); }});
     }
-    index_array_corruptions(ctx, c, "kv_last_page_len", a.table.last_page_len, true);
+    index_array_corruptions(ctx, c, "kv_last_page_len", a.table.last_page_len, true, "batch");
     if (!p.reqs.empty()) {
       TensorView* t = &a.table.last_page_len;
       const int64_t b = s.range(0, int64_t(p.reqs.size()) - 1);
       const bool has_pages = ind[size_t(b) + 1] > ind[size_t(b)];
       const int32_t bad = int32_t(has_pages ? s.pick<int64_t>({0, -1, p.page_size + 1, kI32Max})
                                             : s.pick<int64_t>({-1, p.page_size + 1, kI32Min}));
-      c.push_back({cat("kv_last_page_len[", b, "] = ", bad), "kv_last_page_len", [cx, t, b, bad] {
+      c.push_back({cat("kv_last_page_len[", b, "] = ", bad), "batch", [cx, t, b, bad] {
                      auto v = int32_values(*t);
                      v[size_t(b)] = bad;
                      replace_int32(*cx, *t, v);
                    }});
     }
     const int ps = int(s.pick<int64_t>({0, -1, p.page_size + 1, p.page_size - 1}));
-    c.push_back({cat("page_size = ", ps), "page_size", [A, ps] { A->page_size = ps; }});
+    c.push_back({cat("page_size = ", ps), "dims", [A, ps] { A->page_size = ps; }});
     const int tok = p.layout == KVLayout::NHD ? 1 : 2, head = p.layout == KVLayout::NHD ? 2 : 1;
-    tensor_corruptions(ctx, c, "paged k", a.cache.k, {{p.kvt}, true, {tok, head, 3}, false});
-    tensor_corruptions(ctx, c, "paged v", a.cache.v, {{p.kvt}, true, {tok, head, 3}, false});
+    tensor_corruptions(ctx, c, "paged k", a.cache.k, {{p.kvt}, true, {tok, head, 3}, false, "paged k", "dims", "dtypes"});
+    tensor_corruptions(ctx, c, "paged v", a.cache.v, {{p.kvt}, true, {tok, head, 3}, false, "paged v", "dims", "dtypes"});
     if (used > 0) {
       int32_t max_id = 0;
       for (int32_t i = 0; i < used; ++i) max_id = std::max(max_id, int32_t(pk.indices.get_at(i)));
@@ -222,31 +226,31 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
 
   // BatchPrefill: qo_indptr, ragged kv_indptr, which KV description, custom mask.
   if (prefill) {
-    indptr_corruptions(ctx, c, "qo_indptr", a.qo_indptr);
-    index_array_corruptions(ctx, c, "qo_indptr", a.qo_indptr, true);
+    indptr_corruptions(ctx, c, "qo_indptr", a.qo_indptr, "batch");
+    index_array_corruptions(ctx, c, "qo_indptr", a.qo_indptr, true, "batch");
     if (!p.reqs.empty()) {
       TensorView* t = &a.qo_indptr;
       const int64_t b = s.range(0, int64_t(p.reqs.size()) - 1);
       const int64_t extra = p.reqs[size_t(b)].kv - p.reqs[size_t(b)].qo + s.range(1, 3);
       // With q, out and lse of the new row count: only qo_len <= kv_len is broken.
-      c.push_back({cat("qo_len > kv_len for request ", b), "qo_indptr", [cx, t, b, extra, resize_rows] {
+      c.push_back({cat("qo_len > kv_len for request ", b), "batch", [cx, t, b, extra, resize_rows] {
                      auto v = int32_values(*t);
                      for (size_t i = size_t(b) + 1; i < v.size(); ++i) v[i] = int32_t(v[i] + extra);
                      replace_int32(*cx, *t, v);
                      resize_rows(v.back());
                    }});
-      c.push_back({"qo_indptr[-1] = INT32_MAX", "qo_indptr", [cx, t] {
+      c.push_back({"qo_indptr[-1] = INT32_MAX", "batch", [cx, t] {
                      auto v = int32_values(*t);
                      v.back() = kI32Max;
                      replace_int32(*cx, *t, v);
                    }});
     }
     if (api == AttentionApi::prefill_ragged) {
-      indptr_corruptions(ctx, c, "kv_indptr", a.kv_indptr);
-      index_array_corruptions(ctx, c, "kv_indptr", a.kv_indptr, true);
+      indptr_corruptions(ctx, c, "kv_indptr", a.kv_indptr, "batch");
+      index_array_corruptions(ctx, c, "kv_indptr", a.kv_indptr, true, "batch");
       if (!p.reqs.empty()) {
         TensorView* t = &a.kv_indptr;
-        c.push_back({"kv_indptr[-1] = INT32_MAX", "kv_indptr", [cx, t] {
+        c.push_back({"kv_indptr[-1] = INT32_MAX", "batch", [cx, t] {
                        auto v = int32_values(*t);
                        v.back() = kI32Max;
                        replace_int32(*cx, *t, v);
@@ -286,8 +290,8 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
         const int64_t n = p.mask_ind.back() - 1;
         c.push_back({"custom_mask shorter than mask_indptr[-1]", "custom_mask", [m, n] { *m = with_size(*m, 0, n); }});
       }
-      indptr_corruptions(ctx, c, "mask_indptr", a.mask_indptr);
-      index_array_corruptions(ctx, c, "mask_indptr", a.mask_indptr, true);
+      indptr_corruptions(ctx, c, "mask_indptr", a.mask_indptr, "batch");
+      index_array_corruptions(ctx, c, "mask_indptr", a.mask_indptr, true, "batch");
       std::vector<int64_t> with_bits;
       for (size_t b = 0; b < p.reqs.size(); ++b)
         if (p.reqs[b].qo * p.reqs[b].kv > 0) with_bits.push_back(int64_t(b));
@@ -295,7 +299,7 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
         const int64_t b = s.pick(with_bits);
         const int64_t need = (p.reqs[size_t(b)].qo * p.reqs[size_t(b)].kv + 7) / 8;
         TensorView* t = &a.mask_indptr;
-        c.push_back({cat("request ", b, "'s mask one byte short"), "mask_indptr", [cx, t, b, need] {
+        c.push_back({cat("request ", b, "'s mask one byte short"), "batch", [cx, t, b, need] {
                        auto v = int32_values(*t);
                        v[size_t(b) + 1] = int32_t(v[size_t(b)] + need - 1);
                        replace_int32(*cx, *t, v);
@@ -312,7 +316,7 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
     // Cases 0 and 1 break only the divisibility: q, out, lse (k, v) get the new row count and
     // indptr / indices stay consistent with the new block counts.
     const int64_t row_blocks = int64_t(p.bsr_ind.size()) - 1;
-    c.push_back({cat("bsr sizes case ", dims_case), "bsr.dims+bsr indptr+bsr indices",
+    c.push_back({cat("bsr sizes case ", dims_case), "bsr.dims+bsr indptr+bsr indices+dims",
                  [m, cx, dims_case, M, N, R, C, row_blocks, resize_rows, resize_kv] {
                    switch (dims_case) {
                      case 0:

@@ -135,57 +135,61 @@ void tensor_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::strin
   if (!slot.defined()) return;
   Source& src = ctx.src;
   TensorView* t = &slot;
+  const std::string target = rules.target.empty() ? name : rules.target;
+  const std::string dims_target = rules.dims_target.empty() ? target : rules.dims_target;
+  const std::string dtype_target = rules.dtype_target.empty() ? target : rules.dtype_target;
   if (slot.ndim() < TensorView::kMaxDims)
-    out.push_back({name + ": one more dimension", name, [t] { *t = with_extra_dim(*t); }});
+    out.push_back({name + ": one more dimension", target, [t] { *t = with_extra_dim(*t); }});
   std::vector<DType> bad;
   for (DType d : kAllDtypes)
     if (std::find(rules.dtypes.begin(), rules.dtypes.end(), d) == rules.dtypes.end()) bad.push_back(d);
   if (!bad.empty()) {
     const DType d = src.pick(bad);
-    out.push_back({cat(name, ": dtype ", dtype_str(d)), name, [t, d] { *t = with_dtype(*t, d); }});
+    out.push_back({cat(name, ": dtype ", dtype_str(d)), dtype_target, [t, d] { *t = with_dtype(*t, d); }});
   }
   if (rules.head_contiguous && slot.size(-1) > 1) {
     const int64_t s = src.pick<int64_t>({0, 2, 3});
-    out.push_back({cat(name, ": head-dim stride ", s), name,
+    out.push_back({cat(name, ": head-dim stride ", s), target,
                    [t, s] { *t = with_stride(*t, t->ndim() - 1, s); }});
   }
   if (!rules.exact_dims.empty()) {
     const int d = src.pick(rules.exact_dims);
     const int64_t delta = src.coin() ? 1 : -1;
-    out.push_back({cat(name, ".shape[", d, "] ", delta > 0 ? "+ 1" : "- 1"), name,
+    out.push_back({cat(name, ".shape[", d, "] ", delta > 0 ? "+ 1" : "- 1"), dims_target,
                    [t, d, delta] { *t = with_size(*t, d, t->size(d) + delta); }});
   }
   if (slot.numel() > 0)
-    out.push_back({name + ": null data", name, [t] { *t = with_data(*t, nullptr); }});
-  out.push_back({name + ": on cuda:0", name, [t] { *t = with_device(*t, kvattn::Device::cuda(0)); }});
+    out.push_back({name + ": null data", target, [t] { *t = with_data(*t, nullptr); }});
+  out.push_back({name + ": on cuda:0", target, [t] { *t = with_device(*t, kvattn::Device::cuda(0)); }});
   if (rules.output) {
     std::vector<int> dims;
     for (int d = 0; d < slot.ndim(); ++d)
       if (slot.size(d) > 1) dims.push_back(d);
     if (!dims.empty() && slot.numel() > 0) {  // an empty view has no memory to share
       const int d = src.pick(dims);
-      out.push_back({cat(name, ": stride 0 along dim ", d), name, [t, d] { *t = with_stride(*t, d, 0); }});
+      out.push_back({cat(name, ": stride 0 along dim ", d), target, [t, d] { *t = with_stride(*t, d, 0); }});
     }
   }
 }
 
 void index_array_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::string& name,
-                             TensorView& slot, bool exact_length) {
+                             TensorView& slot, bool exact_length, std::string target) {
   if (!slot.defined()) return;
+  if (target.empty()) target = name;
   Source& src = ctx.src;
   TensorView* t = &slot;
   const DType d = src.pick({DType::f32, DType::u8, DType::f16, DType::e4m3});
-  out.push_back({cat(name, ": dtype ", dtype_str(d)), name, [t, d] { *t = with_dtype(*t, d); }});
-  out.push_back({name + ": 2-D", name, [t] { *t = with_extra_dim(*t); }});
+  out.push_back({cat(name, ": dtype ", dtype_str(d)), target, [t, d] { *t = with_dtype(*t, d); }});
+  out.push_back({name + ": 2-D", target, [t] { *t = with_extra_dim(*t); }});
   if (slot.size(0) > 1)
-    out.push_back({name + ": stride 2", name, [t] { *t = with_stride(*t, 0, 2); }});
-  if (slot.size(0) > 0) out.push_back({name + ": null data", name, [t] { *t = with_data(*t, nullptr); }});
-  out.push_back({name + ": on cuda:0", name, [t] { *t = with_device(*t, kvattn::Device::cuda(0)); }});
+    out.push_back({name + ": stride 2", target, [t] { *t = with_stride(*t, 0, 2); }});
+  if (slot.size(0) > 0) out.push_back({name + ": null data", target, [t] { *t = with_data(*t, nullptr); }});
+  out.push_back({name + ": on cuda:0", target, [t] { *t = with_device(*t, kvattn::Device::cuda(0)); }});
   if (exact_length) {
     if (slot.size(0) > 0)
-      out.push_back({name + ": one element short", name, [t] { *t = with_size(*t, 0, t->size(0) - 1); }});
+      out.push_back({name + ": one element short", target, [t] { *t = with_size(*t, 0, t->size(0) - 1); }});
     Ctx* c = &ctx;
-    out.push_back({name + ": one element more", name, [c, t] {
+    out.push_back({name + ": one element more", target, [c, t] {
                      auto v = int32_values(*t);
                      v.push_back(v.empty() ? 0 : v.back());
                      replace_int32(*c, *t, v);
@@ -193,15 +197,17 @@ void index_array_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::
   }
 }
 
-void indptr_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::string& name, TensorView& slot) {
+void indptr_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::string& name, TensorView& slot,
+                        std::string target) {
   if (!slot.defined()) return;
+  if (target.empty()) target = name;
   Source& src = ctx.src;
   Ctx* c = &ctx;
   TensorView* t = &slot;
   const int64_t n = slot.size(0);
   if (n >= 1) {
     const int32_t first = src.pick<int32_t>({1, -1, 7, std::numeric_limits<int32_t>::min()});
-    out.push_back({cat(name, "[0] = ", first), name, [c, t, first] {
+    out.push_back({cat(name, "[0] = ", first), target, [c, t, first] {
                      auto v = int32_values(*t);
                      v[0] = first;
                      replace_int32(*c, *t, v);
@@ -212,13 +218,13 @@ void indptr_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::strin
   if (n >= 2) {
     const int64_t i = src.range(1, n - 1);
     const int64_t drop = src.range(1, 5);
-    out.push_back({cat(name, " decreasing at ", i), name, [c, t, i, drop] {
+    out.push_back({cat(name, " decreasing at ", i), target, [c, t, i, drop] {
                      auto v = int32_values(*t);
                      v[size_t(i)] = int32_t(int64_t(v[size_t(i - 1)]) - drop);
                      replace_int32(*c, *t, v);
                    }});
   }
-  out.push_back({name + ": empty", name, [c, t] { replace_int32(*c, *t, {}); }});
+  out.push_back({name + ": empty", target, [c, t] { replace_int32(*c, *t, {}); }});
 }
 
 void replace_int32(Ctx& ctx, TensorView& slot, const std::vector<int32_t>& values) {

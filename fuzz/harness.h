@@ -154,6 +154,11 @@ struct TensorRules {
   bool head_contiguous = true; // the last dim needs stride 1
   std::vector<int> exact_dims; // dims whose size the other arguments fix
   bool output = false;         // distinct memory per element (a zero stride is illegal)
+  // Targets (Corruption::target) of the corruptions: of all of them (default: the name), and of
+  // the size and dtype ones apart (default: target). A size or dtype that is legal relative to
+  // another argument (equal to it) must share a target with that argument's corruptions, or two
+  // corruptions could agree again (q_dtype and q's dtype changed alike).
+  std::string target = "", dims_target = "", dtype_target = "";
 };
 // Appends the corruptions of tensor argument `name` (held at `slot`, which the corruption
 // rewrites): wrong ndim, wrong dtype, non-contiguous head dim, a fixed size +-1, null data with
@@ -164,10 +169,11 @@ void tensor_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::strin
 // The same for a 1-D int32 host array: dtype, ndim, stride 2 (when > 1 element), cuda:0, null,
 // and (exact_length) a length +-1.
 void index_array_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::string& name,
-                             TensorView& slot, bool exact_length);
+                             TensorView& slot, bool exact_length, std::string target = "");
 // Value corruptions of an indptr-like array (held in `slot`, replaced by a new array):
 // indptr[0] != 0, a decrease, a last entry past `bound` when bound >= 0 (an array it indexes).
-void indptr_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::string& name, TensorView& slot);
+void indptr_corruptions(Ctx& ctx, std::vector<Corruption>& out, const std::string& name, TensorView& slot,
+                        std::string target = "");
 // `slot` replaced by a fresh int32 array of `values` (owned by ctx).
 void replace_int32(Ctx& ctx, TensorView& slot, const std::vector<int32_t>& values);
 

@@ -70,9 +70,15 @@ TensorView shifted_into(const TensorView& v, const TensorView& base) {
   return with_data(v, static_cast<const char*>(base.data()) + kvattn::dtype_size(base.dtype()));
 }
 
+// Sizes, dtypes and devices of the states are legal relative to each other, so the corruptions of
+// one group share a target (`group`): two could agree again otherwise (v_a and v_b both bf16).
 void common_state_corruptions(Ctx& ctx, std::vector<Corruption>& c, const std::string& name, TensorView& v,
-                              std::vector<DType> dtypes, std::vector<int> exact, bool output) {
-  tensor_corruptions(ctx, c, name, v, {std::move(dtypes), true, std::move(exact), output});
+                              std::vector<DType> dtypes, std::vector<int> exact, bool output, const std::string& group) {
+  tensor_corruptions(ctx, c, name, v, {std::move(dtypes), true, std::move(exact), output, group});
+}
+void lse_corruptions(Ctx& ctx, std::vector<Corruption>& c, const std::string& name, TensorView& s, std::vector<int> exact,
+                     bool output, const std::string& group) {
+  tensor_corruptions(ctx, c, name, s, {{DType::f32}, false, std::move(exact), output, group});
 }
 
 }  // namespace
@@ -117,21 +123,21 @@ void fuzz_merge_state(Ctx& ctx) {
   }
   Args bad = legal;
   std::vector<Corruption> c;
-  common_state_corruptions(ctx, c, "v_a", bad.va, {in}, {0, 1, 2}, false);
-  common_state_corruptions(ctx, c, "v_b", bad.vb, {in}, {0, 1, 2}, false);
-  common_state_corruptions(ctx, c, "v_out", bad.vo, kComputeDtypes, {0, 1, 2}, true);
-  tensor_corruptions(ctx, c, "s_a", bad.sa, {{DType::f32}, false, {0, 1}, false});
-  tensor_corruptions(ctx, c, "s_b", bad.sb, {{DType::f32}, false, {0, 1}, false});
-  tensor_corruptions(ctx, c, "s_out", bad.so, {{DType::f32}, false, {0, 1}, true});
+  common_state_corruptions(ctx, c, "v_a", bad.va, {in}, {0, 1, 2}, false, "v");
+  common_state_corruptions(ctx, c, "v_b", bad.vb, {in}, {0, 1, 2}, false, "v");
+  common_state_corruptions(ctx, c, "v_out", bad.vo, kComputeDtypes, {0, 1, 2}, true, "v");
+  lse_corruptions(ctx, c, "s_a", bad.sa, {0, 1}, false, "s");
+  lse_corruptions(ctx, c, "s_b", bad.sb, {0, 1}, false, "s");
+  lse_corruptions(ctx, c, "s_out", bad.so, {0, 1}, true, "s");
   Args* B = &bad;
   if (n > 0) {
-    c.push_back({"v_out partially overlaps v_a", "v_out", [B] { B->vo = shifted_into(B->vo, B->va); }});
-    c.push_back({"v_out partially overlaps v_b", "v_out", [B] { B->vo = shifted_into(B->vo, B->vb); }});
-    c.push_back({"v_out overlaps s_a", "v_out", [B] { B->vo = with_data(B->vo, B->sa.data()); }});
-    c.push_back({"s_out overlaps v_out", "s_out", [B] { B->so = with_data(B->so, B->vo.data()); }});
-    if (H >= 2) c.push_back({"s_out partially overlaps s_b", "s_out", [B] { B->so = shifted_into(B->so, B->sb); }});
+    c.push_back({"v_out partially overlaps v_a", "v", [B] { B->vo = shifted_into(B->vo, B->va); }});
+    c.push_back({"v_out partially overlaps v_b", "v", [B] { B->vo = shifted_into(B->vo, B->vb); }});
+    c.push_back({"v_out overlaps s_a", "v+s", [B] { B->vo = with_data(B->vo, B->sa.data()); }});
+    c.push_back({"s_out overlaps v_out", "v+s", [B] { B->so = with_data(B->so, B->vo.data()); }});
+    if (H >= 2) c.push_back({"s_out partially overlaps s_b", "s", [B] { B->so = shifted_into(B->so, B->sb); }});
     if (!alias && !exact_alias(with_data(o->v.view(), a->v.base()), a->v.view()))
-      c.push_back({"v_out at v_a's address with another dtype or strides", "v_out",
+      c.push_back({"v_out at v_a's address with another dtype or strides", "v",
                    [B] { B->vo = with_data(B->vo, B->va.data()); }});
   }
   expect_rejection(ctx, [&] {
@@ -203,10 +209,10 @@ void fuzz_merge_state_in_place(Ctx& ctx) {
   }
   Args bad = legal;
   std::vector<Corruption> c;
-  common_state_corruptions(ctx, c, "v", bad.v, {t}, {0, 1, 2}, true);
-  common_state_corruptions(ctx, c, "v_other", bad.vo, {t}, {0, 1, 2}, false);
-  tensor_corruptions(ctx, c, "s", bad.s, {{DType::f32}, false, {0, 1}, true});
-  tensor_corruptions(ctx, c, "s_other", bad.so, {{DType::f32}, false, {0, 1}, false});
+  common_state_corruptions(ctx, c, "v", bad.v, {t}, {0, 1, 2}, true, "v");
+  common_state_corruptions(ctx, c, "v_other", bad.vo, {t}, {0, 1, 2}, false, "v");
+  lse_corruptions(ctx, c, "s", bad.s, {0, 1}, true, "s");
+  lse_corruptions(ctx, c, "s_other", bad.so, {0, 1}, false, "s");
   Args* B = &bad;
   if (mask_mode) {
     TensorView* m = &bad.mask;
@@ -218,12 +224,12 @@ void fuzz_merge_state_in_place(Ctx& ctx) {
                  [m, delta] { *m = with_size(*m, 0, m->size(0) + delta); }});
     if (n > 0) c.push_back({"mask: null data", "mask", [m] { *m = with_data(*m, nullptr); }});
     c.push_back({"mask: on cuda:0", "mask", [m] { *m = with_device(*m, kvattn::Device::cuda(0)); }});
-    if (n > 0) c.push_back({"mask overlaps v", "mask", [B] { B->mask = with_data(B->mask, B->v.data()); }});
+    if (n > 0) c.push_back({"mask overlaps v", "mask+v", [B] { B->mask = with_data(B->mask, B->v.data()); }});
   }
   if (n > 0) {
-    c.push_back({"v_other partially overlaps v", "v_other", [B] { B->vo = shifted_into(B->vo, B->v); }});
-    c.push_back({"s overlaps v", "s", [B] { B->s = with_data(B->s, B->v.data()); }});
-    c.push_back({"v overlaps s_other", "v", [B] { B->v = with_data(B->v, B->so.data()); }});
+    c.push_back({"v_other partially overlaps v", "v", [B] { B->vo = shifted_into(B->vo, B->v); }});
+    c.push_back({"s overlaps v", "v+s", [B] { B->s = with_data(B->s, B->v.data()); }});
+    c.push_back({"v overlaps s_other", "v+s", [B] { B->v = with_data(B->v, B->so.data()); }});
   }
   expect_rejection(ctx, [&] {
     ctx.apply_corruptions(c);
@@ -271,16 +277,16 @@ void fuzz_merge_states(Ctx& ctx) {
   }
   Args bad = legal;
   std::vector<Corruption> c;
-  common_state_corruptions(ctx, c, "v", bad.v, kComputeDtypes, {0, 1, 2, 3}, false);
-  common_state_corruptions(ctx, c, "v_out", bad.vo, kComputeDtypes, {0, 1, 2}, true);
-  tensor_corruptions(ctx, c, "s", bad.s, {{DType::f32}, false, {0, 1, 2}, false});
-  tensor_corruptions(ctx, c, "s_out", bad.so, {{DType::f32}, false, {0, 1}, true});
+  common_state_corruptions(ctx, c, "v", bad.v, kComputeDtypes, {0, 1, 2, 3}, false, "states");
+  common_state_corruptions(ctx, c, "v_out", bad.vo, kComputeDtypes, {0, 1, 2}, true, "states");
+  lse_corruptions(ctx, c, "s", bad.s, {0, 1, 2}, false, "states");
+  lse_corruptions(ctx, c, "s_out", bad.so, {0, 1}, true, "states");
   Args* B = &bad;
   if (n > 0 && k > 0) {
-    c.push_back({"v_out overlaps v", "v_out", [B] { B->vo = with_data(B->vo, B->v.data()); }});
-    c.push_back({"s_out overlaps s", "s_out", [B] { B->so = with_data(B->so, B->s.data()); }});
+    c.push_back({"v_out overlaps v", "states", [B] { B->vo = with_data(B->vo, B->v.data()); }});
+    c.push_back({"s_out overlaps s", "states", [B] { B->so = with_data(B->so, B->s.data()); }});
   }
-  if (n > 0) c.push_back({"s_out overlaps v_out", "s_out", [B] { B->so = with_data(B->so, B->vo.data()); }});
+  if (n > 0) c.push_back({"s_out overlaps v_out", "states", [B] { B->so = with_data(B->so, B->vo.data()); }});
   expect_rejection(ctx, [&] {
     ctx.apply_corruptions(c);
     call(bad);

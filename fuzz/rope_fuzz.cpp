@@ -173,10 +173,12 @@ void fuzz_rope(Ctx& ctx) {
   RopeArgs bad = a;
   RopeArgs* A = &bad;
   std::vector<Corruption> c;
-  tensor_corruptions(ctx, c, "q", bad.q, {{qt}, true, {0, 1, 2}, false});
-  tensor_corruptions(ctx, c, "k", bad.k, {{kd}, true, {0, 1, 2}, false});
-  tensor_corruptions(ctx, c, "q_out", bad.qo, {{qt}, true, {0, 1, 2}, true});
-  tensor_corruptions(ctx, c, "k_out", bad.ko, {{kd}, true, {0, 1, 2}, true});
+  // q_out takes q's dtype and shape, k_out k's: each pair shares a target (two corruptions of one
+  // pair could agree again).
+  tensor_corruptions(ctx, c, "q", bad.q, {{qt}, true, {0, 1, 2}, false, "q"});
+  tensor_corruptions(ctx, c, "k", bad.k, {{kd}, true, {0, 1, 2}, false, "k"});
+  tensor_corruptions(ctx, c, "q_out", bad.qo, {{qt}, true, {0, 1, 2}, true, "q"});
+  tensor_corruptions(ctx, c, "k_out", bad.ko, {{kd}, true, {0, 1, 2}, true, "k"});
   index_array_corruptions(ctx, c, "pos_ids", bad.pos, true);
   const int rd = opt.rotary_dim == 0 ? int(D) : opt.rotary_dim;
   const int bad_rd = int(s.pick<int64_t>({rd - 1, D + 2, -2, std::numeric_limits<int>::min()}));
@@ -195,13 +197,13 @@ void fuzz_rope(Ctx& ctx) {
                  }
                }});
   if (nnz > 0) {
-    c.push_back({"k_out aliases q", "k_out", [A] { A->ko = with_data(A->ko, A->q.data()); }});
-    c.push_back({"q_out overlaps k", "q_out", [A] { A->qo = with_data(A->qo, A->k.data()); }});
-    c.push_back({"k_out overlaps q_out", "k_out", [A] { A->ko = with_data(A->ko, A->qo.data()); }});
-    c.push_back({"q_out partially overlaps q", "q_out", [A] {
+    c.push_back({"k_out aliases q", "k+q", [A] { A->ko = with_data(A->ko, A->q.data()); }});
+    c.push_back({"q_out overlaps k", "q+k", [A] { A->qo = with_data(A->qo, A->k.data()); }});
+    c.push_back({"k_out overlaps q_out", "q+k", [A] { A->ko = with_data(A->ko, A->qo.data()); }});
+    c.push_back({"q_out partially overlaps q", "q", [A] {
                    A->qo = with_data(A->qo, static_cast<const char*>(A->q.data()) + kvattn::dtype_size(A->q.dtype()));
                  }});
-    c.push_back({"pos_ids inside k_out", "pos_ids", [A] { A->pos = with_data(A->pos, A->ko.data()); }});
+    c.push_back({"pos_ids inside k_out", "pos_ids+k", [A] { A->pos = with_data(A->pos, A->ko.data()); }});
   }
   expect_rejection(ctx, [&] {
     ctx.apply_corruptions(c);
