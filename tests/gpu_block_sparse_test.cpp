@@ -295,8 +295,9 @@ TEST(GpuBlockSparse, PlanArgumentsAreCheckedFirst) {
 }
 
 TEST(GpuBlockSparse, RunArgumentsAreCheckedFirst) {
-  // Planned for the CPU, run with CUDA tensors: shapes, dtypes and devices are checked before the
-  // backend is chosen.
+  // Planned for the CPU, run with CUDA tensors: shapes and dtypes are checked first, then q's device
+  // against the plan's (a CPU plan's q on cuda:0 is the argument at fault, whatever the others'
+  // devices), before the backend is chosen.
   HostTensor indptr = int32_tensor({0, 1, 2}), indices = int32_tensor({1, 0});
   kvattn::BlockSparseAttention op;
   op.plan(small_plan(indptr, indices));
@@ -307,14 +308,13 @@ TEST(GpuBlockSparse, RunArgumentsAreCheckedFirst) {
   EXPECT_KVATTN_ERROR(op.run(fake_cuda(q7), dk, dk, dout), "q.shape[0] = 7 but bsr M = 8");
   EXPECT_KVATTN_ERROR(op.run(dq, fake_cuda(k9), dk, dout), "k.shape[0] = 9 but bsr N = 8");
   EXPECT_KVATTN_ERROR(op.run(dq, dk, fake_cuda(k_bf16), dout), "v has dtype bf16 but the plan was made for kv_dtype = f16");
-  EXPECT_KVATTN_ERROR(op.run(dq, k.view(), dk, dout, dlse), "k is on cpu but q is on cuda:0");
-  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, dout, lse.view()), "lse is on cpu but q is on cuda:0");
-  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, out.view()), "out is on cpu but q is on cuda:0");
-#if KVATTN_WITH_CUDA
-  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, dout, dlse), "BlockSparseAttention was planned for the CPU");
-#else
-  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, dout, dlse), "this build of kvattn has no CUDA backend");
-#endif
+  const char* planned_for_cpu = "q is on cuda:0 but BlockSparseAttention was planned for the CPU";
+  EXPECT_KVATTN_ERROR(op.run(dq, k.view(), dk, dout, dlse), planned_for_cpu);
+  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, dout, lse.view()), planned_for_cpu);
+  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, out.view()), planned_for_cpu);
+  EXPECT_KVATTN_ERROR(op.run(dq, dk, dk, dout, dlse), planned_for_cpu);
+  // Host q with a CUDA k: the CPU backend runs, and k is the one elsewhere.
+  EXPECT_KVATTN_ERROR(op.run(q.view(), dk, k.view(), out.view()), "k is on cuda:0 but q is on cpu");
 }
 
 #if KVATTN_WITH_CUDA

@@ -40,7 +40,8 @@ void merge_state_in_place(const TensorView& v, const TensorView& s, const Tensor
                           const TensorView& s_other, const TensorView& mask = {},
                           void* stream = nullptr);
 // Folds k states per row in index order: v [n, k, H, D], s [n, k, H] -> v_out [n, H, D], s_out [n, H].
-// k = 0 gives o = 0, lse = -inf. Inputs with lse = -inf are skipped. The outputs overlap no input.
+// k = 0 gives o = 0, lse = -inf. Inputs with lse = -inf are skipped. The outputs may be state 0 of
+// the inputs exactly (v_out = v[:, 0], s_out = s[:, 0], both), else they overlap no input.
 void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
                   const TensorView& s_out, void* stream = nullptr);
 

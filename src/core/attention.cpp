@@ -114,7 +114,7 @@ void check_rows_tensor(const char* name, const TensorView& t, DType dtype, const
   validate::dim(name, t, 1, heads, heads_what);
   validate::dim(name, t, 2, dim, dim_what);
   validate::last_dim_contiguous(name, t);
-  validate::same_device(name, t, dev, "q");
+  (void)dev;  // devices are checked after every shape (check_run_devices)
   KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
 }
 
@@ -133,8 +133,17 @@ void check_run_device(const AttentionPlan& plan, const TensorView& q) {
 // The aliasing rules of kvattn/attention.h: out and lse are free of self-overlap and share no
 // memory with each other, with q, K, V or the workspace (no exact aliasing either: other work items
 // still read q rows and K/V after an item writes its output).
+// After every shape and dtype: where run() computes (check_run_device), every tensor there, then
+// the aliasing rules.
 void check_run_aliasing(const AttentionPlan& plan, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& out, const TensorView& lse) {
+  check_run_device(plan, q);
+  const char* k_device_name = plan.kind == KVKind::paged ? "paged k" : "k";
+  const char* v_device_name = plan.kind == KVKind::paged ? "paged v" : "v";
+  validate::same_device("out", out, q.device(), "q");
+  if (lse.defined()) validate::same_device("lse", lse, q.device(), "q");
+  validate::same_device(k_device_name, k, q.device(), "q");
+  validate::same_device(v_device_name, v, q.device(), "q");
   validate::no_self_overlap("out", out);
   validate::no_self_overlap("lse", lse);
   const char* k_name = plan.kind == KVKind::paged ? "paged k" : "k";
@@ -157,7 +166,7 @@ void check_run_aliasing(const AttentionPlan& plan, const TensorView& q, const Te
 // Checks q, out and lse against the plan (any device).
 void check_query_output(const AttentionPlan& plan, const TensorView& q, const TensorView& out,
                         const TensorView& lse) {
-  check_run_device(plan, q);
+  validate::defined("q", q);
   const auto& s = plan.shape;
   int64_t rows = plan.total_q_rows();
   const char* rows_what = plan.is_decode                     ? "batch_size"
@@ -173,7 +182,6 @@ void check_query_output(const AttentionPlan& plan, const TensorView& q, const Te
     validate::dtype("lse", lse, DType::f32);
     validate::dim("lse", lse, 0, rows, rows_what);
     validate::dim("lse", lse, 1, s.num_qo_heads, "num_qo_heads");
-    validate::same_device("lse", lse, q.device(), "q");
     KVATTN_CHECK(lse.numel() == 0 || lse.data() != nullptr, "lse has a null data pointer");
   }
 }
@@ -220,7 +228,7 @@ void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayo
     KVATTN_CHECK(t.dtype() == s.kv_dtype, name, " has dtype ", dtype_name(t.dtype()),
                  " but the plan was made for kv_dtype = ", dtype_name(s.kv_dtype));
     validate::last_dim_contiguous(name, t);
-    validate::same_device(name, t, dev, "q");
+    (void)dev;  // devices are checked after every shape (check_run_devices)
     KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
   }
   int tok_dim = layout == KVLayout::NHD ? 1 : 2, head_dim = layout == KVLayout::NHD ? 2 : 1;

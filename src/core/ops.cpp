@@ -266,7 +266,22 @@ void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_
   check_same_dims("v_out", v_out, "v", v, {{0, 0}, {1, 2}, {2, 3}});
   check_lse_tensor("s_out", s_out, 2, dev, "v");
   check_same_dims("s_out", s_out, "v", v, {{0, 0}, {1, 2}});
-  check_outputs({{"v_out", &v_out}, {"s_out", &s_out}}, {{"v", &v, ""}, {"s", &s, ""}});
+  // The outputs may be state 0 of the inputs exactly (each row reads its states before it writes).
+  const bool has_states = v.size(1) > 0;  // k = 0: no state 0 to alias (and v, s hold nothing)
+  const TensorView v0 = has_states ? TensorView(v.data(), v.dtype(), {v.size(0), v.size(2), v.size(3)},
+                                                {v.stride(0), v.stride(2), v.stride(3)}, v.device())
+                                   : TensorView();
+  const TensorView s0 = has_states ? TensorView(s.data(), s.dtype(), {s.size(0), s.size(2)},
+                                                {s.stride(0), s.stride(2)}, s.device())
+                                   : TensorView();
+  if (has_states && validate::same_view(v_out, v0) && validate::same_view(s_out, s0)) {
+    validate::no_self_overlap("v_out", v_out);
+    validate::no_self_overlap("s_out", s_out);
+    validate::no_overlap("v_out", v_out, "s_out", s_out);
+  } else {
+    check_outputs({{"v_out", &v_out}, {"s_out", &s_out}},
+                  {{"v", &v, ""}, {"s", &s, ""}, {"v (state 0)", &v0, "v_out"}, {"s (state 0)", &s0, "s_out"}});
+  }
   if (!dev.is_cpu()) {
 #if KVATTN_WITH_CUDA
     for (auto [name, t] : {std::pair{"v", &v}, std::pair{"s", &s}, std::pair{"v_out", &v_out},
