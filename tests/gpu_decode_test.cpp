@@ -51,10 +51,11 @@ AttnCase gpu_case(DType q, DType kv) {
 // arithmetic: P rounded to q's dtype, fp8 KV included, and RoPE-rotated q and k rounded to it for
 // the MMA. The tolerances are the prefill suite's (gpu_prefill_test.cpp) for those cases.
 void run_gpu_decode_case(AttnCase c, Rng& rng) {
-  const char* kernel = std::getenv("KVATTN_DECODE_KERNEL");
+  const bool forced_prefill =
+      kvattn_test::current_overrides().decode_kernel == kvattn::detail::DecodeKernelChoice::prefill;
   const bool half_q = c.q_dtype == DType::f16 || c.q_dtype == DType::bf16;
   const DType kv = c.kv_dtype.value_or(c.q_dtype);
-  if (kernel && std::string(kernel) == "prefill" && half_q &&
+  if (forced_prefill && half_q &&
       (kv == c.q_dtype || kv == DType::e4m3 || kv == DType::e5m2)) {
     c.tolerance.accumulation = std::max(c.tolerance.accumulation, c.q_dtype == DType::bf16 ? 0x1p-8 : 0x1p-10);
     if (c.variant.rope) {

@@ -1,5 +1,7 @@
 #include "support/compare.h"
 
+#include "support/scoped_override.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -8,9 +10,8 @@
 namespace kvattn_test {
 
 bool approx_tanh_may_run(bool long_shape_default) {
-  const char* env = std::getenv("KVATTN_PREFILL_TANH");
-  const std::string form = env ? env : "";
-  return form == "approx" || (long_shape_default && form != "exact");
+  const auto form = current_overrides().prefill_tanh;  // a test's ScopedOverride, else the environment
+  return form == kvattn::detail::TanhForm::approx || (long_shape_default && form != kvattn::detail::TanhForm::exact);
 }
 
 ComputeTolerance allow_approx_tanh(ComputeTolerance t, const kvattn::Variant& variant, double rel_error) {

@@ -9,6 +9,12 @@
 
 namespace kvattn_test {
 
+// The overrides a plan() made now would use: the innermost scope's, else the environment's.
+inline kvattn::detail::Overrides current_overrides() {
+  const kvattn::detail::Overrides* scoped = kvattn::detail::scoped_overrides();
+  return scoped ? *scoped : kvattn::detail::Overrides::from_environment();
+}
+
 // The active overrides (or the environment's) with `name` set from `value` (nullptr: cleared).
 // Throws kvattn::Error for a bad value, naming the variable.
 inline kvattn::detail::Overrides override_from(const char* name, const char* value) {
