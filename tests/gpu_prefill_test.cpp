@@ -260,7 +260,7 @@ TEST(GpuPrefill, SoftCapWithLogitsAcrossTheCap) {
   }
 }
 
-// bf16 soft-cap takes one fixed shift instead of a row maximum up to cap 54.7 (kTuneCapShift;
+// bf16 soft-cap takes one fixed shift instead of a row maximum up to cap 54.7 (SoftmaxForm::fixed_shift;
 // smem_layout.cuh): rows whose every logit sits near the bottom of the range (-0.9 cap: a row's
 // largest weight near 2^-86) or near its top (+0.9 cap: up to 2^57), at the largest cap that takes
 // the shift and the smallest that does not (the host's choice is PrefillVariantEnv's), split and

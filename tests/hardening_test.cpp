@@ -129,15 +129,28 @@ TEST(Hardening, ImpossibleBatchIsRejectedBeforeAnyWork) {
   EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "exceeds the planner's limit");
   in.causal = false;  // non-causal: more still
   EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "exceeds the planner's limit");
-  // Items: 2^31 / 16 query tiles x 32 heads is past int32 indices.
-  in.num_qo_heads = in.num_kv_heads = 32;
-  EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "work items, more than int32 indices can address");
+  // Items: a window of 0 keeps every tile cheap, but 2^31 / 16 query tiles are past the item limit.
+  in.causal = true;
+  in.window_left = 0;
+  EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "work items, more than the planner's limit of 67108864");
   // A fixed split of 1 token over 2^31 keys: ~2^31 chunks x heads.
   const std::vector<int32_t> qo1{0, 1};
   in.qo_indptr = qo1;
+  in.causal = false;
+  in.window_left = -1;
   in.num_qo_heads = in.num_kv_heads = 4;
   opt.fixed_split_size = 1;
   EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "fixed_split_size = 1 cuts the batch's");
+  // A legal but absurd split: fixed_split_size 64 over 2^31 keys is 2^25 chunks x 4 heads (found
+  // by the fuzzer's author: 33 s and gigabytes before, an error from the lengths now).
+  opt.fixed_split_size = 64;
+  EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "more work items than the planner's limit");
+  // A graph capacity past the batch limits.
+  opt.fixed_split_size = 0;
+  opt.cuda_graph = kvattn::GraphCapacity{1, int64_t(1) << 34};
+  EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "cuda_graph.max_tokens = 17179869184 is out of range");
+  opt.cuda_graph = kvattn::GraphCapacity{1, int64_t(1) << 30};
+  EXPECT_KVATTN_ERROR(kvattn::make_plan(in, opt), "more than the planner's limit of 67108864");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(seconds, 2.0) << "the rejections did work proportional to the batch";
 }

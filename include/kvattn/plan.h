@@ -41,6 +41,10 @@ namespace kvattn {
 // 2^16 tokens, so no tile end may pass 2^31 - 1.
 inline constexpr int64_t kMaxKVLen = (int64_t(1) << 31) - (int64_t(1) << 16);  // KV tokens of a request
 inline constexpr int64_t kMaxTotalTokens = kMaxKVLen;  // query tokens of a batch (and ragged KV tokens)
+// Work items of one plan (2 GB of items): what the planner builds is bounded, so a legal but
+// absurd request (fixed_split_size 1 over 2^31 keys) is an error from its lengths, not an
+// allocation failure. Graph mode's capacity counts against it too.
+inline constexpr int64_t kMaxWorkItems = int64_t(1) << 26;
 
 // Cost coefficients of the scheduling model, in KV-token equivalents. The defaults model a
 // memory-bound kernel with bf16 K/V: a packed query row (q loaded, o stored) costs about as much as

@@ -304,7 +304,8 @@ void check_inputs(const PlannerInputs& in, const SchedulerOptions& opt) {
   if (opt.cuda_graph) {
     const GraphCapacity& g = *opt.cuda_graph;
     KVATTN_CHECK(g.max_batch >= 1, "cuda_graph.max_batch = ", g.max_batch, " must be >= 1");
-    KVATTN_CHECK(g.max_tokens >= 1, "cuda_graph.max_tokens = ", g.max_tokens, " must be >= 1");
+    KVATTN_CHECK(g.max_tokens >= 1 && g.max_tokens <= kMaxTotalTokens, "cuda_graph.max_tokens = ", g.max_tokens,
+                 " is out of range [1, ", kMaxTotalTokens, "] (kvattn/plan.h)");
     KVATTN_CHECK(g.max_split_items >= -1, "cuda_graph.max_split_items = ", g.max_split_items,
                  " must be >= 0 (or -1 for 2 x num_workers)");
     KVATTN_CHECK(B <= g.max_batch, "batch size ", B,
@@ -375,20 +376,20 @@ void check_batch_size(const PlannerInputs& in, const SchedulerOptions& opt) {
     cost += __int128(c.per_item) * w.tiles + __int128(c.per_query_row) * qo * group +
             __int128(c.per_kv_token) * w.visible;
   }
-  const int64_t int32_max = std::numeric_limits<int32_t>::max();
-  KVATTN_CHECK(tiles * H <= int32_max, "the batch needs at least ", tiles, " query tiles x ", H,
-               " KV heads = ", tiles * H, " work items, more than int32 indices can address");
   const int64_t slice_heads = H / std::gcd(int64_t(opt.num_workers), H);
   const __int128 total = cost * slice_heads;
   KVATTN_CHECK(total <= kMaxLoad, "the batch's total cost (",
                total > std::numeric_limits<int64_t>::max() ? std::string("more than 2^63")
                                                            : std::to_string(int64_t(total)),
                " under the cost model) exceeds the planner's limit of ", kMaxLoad);
+  KVATTN_CHECK(tiles * H <= kMaxWorkItems, "the batch needs at least ", tiles, " query tiles x ", H,
+               " KV heads = ", tiles * H, " work items, more than the planner's limit of ", kMaxWorkItems,
+               " (kvattn/plan.h)");
   if (opt.fixed_split_size > 0 && !opt.disable_split_kv) {
     const __int128 chunks = visible / opt.fixed_split_size;  // a lower bound of the chunks
-    KVATTN_CHECK(chunks * H <= int32_max, "fixed_split_size = ", opt.fixed_split_size, " cuts the batch's ",
+    KVATTN_CHECK(chunks * H <= kMaxWorkItems, "fixed_split_size = ", opt.fixed_split_size, " cuts the batch's ",
                  int64_t(visible), " visible KV tokens into at least ", int64_t(chunks), " chunks x ", H,
-                 " KV heads, more work items than int32 indices can address");
+                 " KV heads, more work items than the planner's limit of ", kMaxWorkItems, " (kvattn/plan.h)");
   }
 }
 
@@ -700,7 +701,8 @@ bool schedule(Schedule& s, WorkerTree& workers, const Problem& pb, int32_t split
   // Items longest first, each repeated for the slice's heads: the unsplit groups (already in
   // order) merged with the split chunks; on equal cost the lower group index goes first.
   KVATTN_CHECK(num_items * pb.slice_heads <= pb.max_slice_items, "the plan needs ", num_items * pb.slice_heads,
-               " work items per slice of KV heads (split size ", split, "), more than int32 indices can address");
+               " work items per slice of KV heads (split size ", split, "), more than the planner's limit of ",
+               pb.max_slice_items, " per slice (kvattn/plan.h: kMaxWorkItems)");
   const size_t num_assigns = size_t(num_items) * size_t(pb.slice_heads);
   s.assigns.resize(num_assigns);
   // At most one run an item; the buffer only grows (s.num_runs says how much of it is this one's).
@@ -916,13 +918,16 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
         std::min<int64_t>(g.max_tokens, (g.max_tokens + int64_t(g.max_batch) * (T - 1)) / T);
     split_budget = g.max_split_items < 0 ? 2 * int64_t(W) : g.max_split_items;
     item_cap = int64_t(H) * max_tiles + split_budget;
+    KVATTN_CHECK(item_cap <= kMaxWorkItems, "the cuda_graph capacity (max_batch = ", g.max_batch, ", max_tokens = ",
+                 g.max_tokens, ", max_split_items = ", g.max_split_items, ") needs ", item_cap,
+                 " work items, more than the planner's limit of ", kMaxWorkItems, " (kvattn/plan.h)");
   }
   const int64_t unsplit_items = int64_t(sc.groups.size()) * H;
 
   // ---- split size ----------------------------------------------------------------------------
   const Problem pb{&sc.groups,     &sc.ordered, &sc.by_len,   &sc.lengthwise, &sc.suffix_cost,
                    &sc.suffix_max, max_len,     unsplit_total, max_cost,       align,
-                   slice_heads,    slice_workers, cm, std::numeric_limits<int32_t>::max() / slices};
+                   slice_heads,    slice_workers, cm, kMaxWorkItems / slices};
   // schedule() finds the groups a split size cuts through by_len.
   auto schedule_split = [&](Schedule& s, int32_t split, bool balanced,
                             int64_t give_up = std::numeric_limits<int64_t>::max()) {
@@ -943,7 +948,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   };
   // A split size fits when its items stay within int32 indices and (graph mode) the split budget.
   auto fits = [&](int64_t slice_items) {
-    if (slice_items * slices > std::numeric_limits<int32_t>::max()) return false;
+    if (slice_items * slices > kMaxWorkItems) return false;
     return split_budget < 0 || slice_items * slices - unsplit_items <= split_budget;
   };
   if (opt.disable_split_kv || max_len == 0) {
@@ -1073,7 +1078,7 @@ const Plan& Planner::plan(const PlannerInputs& in, const SchedulerOptions& opt) 
   const bool any_split = head_merges > 0;
   const int64_t num_slots = head_slots * H, num_merges = head_merges * H;
   const int64_t num_items = int64_t(best.assigns.size()) * slices;
-  KVATTN_CHECK(std::max(num_items, item_cap) <= std::numeric_limits<int32_t>::max() &&
+  KVATTN_CHECK(std::max(num_items, item_cap) <= kMaxWorkItems &&
                    num_slots <= std::numeric_limits<int32_t>::max(),
                "the plan needs ", std::max(num_items, item_cap), " work items and ", num_slots,
                " partial slots, more than int32 indices can address");

@@ -13,7 +13,7 @@ namespace kvattn::cuda {
 namespace {
 
 // The soft-cap the presets compile for: 30 (Grok-1; `kvattn bench prefill`), which takes the
-// fixed shift (kTuneCapShift) as every bf16 cap up to 54.7 does (Gemma 2's 50 too; the shift's
+// fixed shift (SoftmaxForm::fixed_shift) as every bf16 cap up to 54.7 does (Gemma 2's 50 too; the shift's
 // value is read at run time, so one kernel serves them all).
 constexpr float kPresetSoftCap = 30.0f;
 

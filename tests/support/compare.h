@@ -41,7 +41,7 @@ struct ComputeTolerance {
 };
 
 // Soft-cap through tanh.approx.f32, which the GPU prefill kernels' long shape takes by default
-// (cuda::choose_prefill_config; KVATTN_PREFILL_TANH=exact|approx forces one form everywhere). With
+// (cuda::choose_prefill; KVATTN_PREFILL_TANH=exact|approx forces one form everywhere). With
 // a relative error of at most e in tanh, a logit y = c tanh(x / c) moves by at most delta = c e
 // (|tanh| <= 1):
 //  * each weight by a factor within e^(+-delta) (softmax) or within that of its sigmoid, so a

@@ -4,7 +4,7 @@
 //     when the variant has them (plain softmax variants keep raw scores: the scale is folded into
 //     the exponent, one FMA per score);
 //   - online softmax in log2 units with ex2.approx, the O rescale skipped when no row max moved
-//     (bf16 soft-cap: one fixed shift instead of a row maximum, kTuneCapShift).
+//     (bf16 soft-cap: one fixed shift instead of a row maximum, SoftmaxForm::fixed_shift).
 #pragma once
 
 #include "kernels/prefill/tile_io.cuh"
@@ -123,7 +123,7 @@ struct ScoreMath {
 
   // Masks (when `masked`) and transforms the tile's scores. Softmax: masked scores become -inf;
   // sigmoid: scores become weights, 0 where masked.
-  // N0, N1: the n-tiles (8 keys each) to transform (one part of a tile under kTuneHalfTiles).
+  // N0, N1: the n-tiles (8 keys each) to transform (one part of a tile under TileSplit::halves or quarters).
   template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
                                                 int32_t tile0, int row0, int g, int t4, bool masked) {
