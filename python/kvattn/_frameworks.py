@@ -32,9 +32,10 @@ def numpy_dtype(name):
     return np.dtype(getattr(ml_dtypes, _ML_DTYPES[name]))
 
 
-def empty(like, shape, dtype):
+def empty(like, shape, dtype, name="the input"):
     """A new uninitialised tensor of `shape` and kvattn dtype name `dtype`, in the framework of
-    `like` and on its device."""
+    `like` and on its device (`name`: the argument `like` is, for the error). Another DLPack or
+    buffer producer of host memory gets a numpy array."""
     mod = _module_of(like)
     if mod == "torch":
         import torch
@@ -55,10 +56,26 @@ def empty(like, shape, dtype):
         if not hasattr(xp, name):
             raise TypeError(f"{xp.__name__} has no dtype {name}; pass the output (out=) yourself")
         return xp.empty(shape, dtype=getattr(xp, name), device=like.device)
+    device = _dlpack_device(like)
+    if device is None or device[0] in (1, 3):  # kDLCPU, kDLCUDAHost: host memory
+        import numpy as np
+
+        return np.empty(shape, dtype=numpy_dtype(dtype))
     raise TypeError(
-        f"cannot allocate an output like a {type(like).__module__}.{type(like).__name__}: "
-        "pass out= (and lse=) yourself"
+        f"cannot allocate an output like {name} (a {type(like).__module__}.{type(like).__name__} "
+        f"on DLPack device {device[0]}:{device[1]}): pass the outputs (out=, lse=, ...) yourself"
     )
+
+
+def _dlpack_device(like):
+    """(device_type, device_id) of a DLPack producer, None for a buffer-protocol object."""
+    fn = getattr(like, "__dlpack_device__", None)
+    if fn is None:
+        return None
+    try:
+        return tuple(fn())
+    except Exception:  # a producer that cannot say: not host memory we know of
+        return (-1, -1)
 
 
 def current_stream(like):

@@ -18,6 +18,7 @@ result (use_tensor_cores, enable_pdl, non_blocking) are accepted.
 from typing import Any, Optional, Tuple
 
 import kvattn as _kv
+from kvattn import _kvattn as _native
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
@@ -164,33 +165,42 @@ def _copy_into(buf, x, name):
     return buf[:n]
 
 
-def _mask_indptr(qo_indptr, kv_indptr_or_lens, paged=False, page_size=1, last=None):
-    """Byte offsets of each request's packed mask: ceil(qo_len * kv_len / 8) bytes each."""
+def _mask_indptr(qo_indptr, kv_indptr_or_table, paged=False, page_size=1):
+    """Byte offsets of each request's packed mask: ceil(qo_len * kv_len / 8) bytes each. The index
+    arrays are checked first by the library's own checks (kvattn.Error naming the array), as
+    plan() would."""
     import numpy as np
 
-    qo = _np(qo_indptr).astype(np.int64)
+    qo = np.array(_native._indptr_values("qo_indptr", qo_indptr), dtype=np.int64)
     if paged:
-        kv_lens = np.array(get_seq_lens(kv_indptr_or_lens, last, page_size), dtype=np.int64)
+        kv_lens = np.array(_native._page_table_lengths(kv_indptr_or_table, page_size), dtype=np.int64)
+        what = "the page table"
     else:
-        kvp = _np(kv_indptr_or_lens).astype(np.int64)
+        kvp = np.array(_native._indptr_values("kv_indptr", kv_indptr_or_table), dtype=np.int64)
         kv_lens = kvp[1:] - kvp[:-1]
+        what = "kv_indptr"
+    if len(qo) - 1 != len(kv_lens):
+        raise _kv.Error(f"qo_indptr has {len(qo)} elements (batch_size {len(qo) - 1}) but {what} "
+                        f"describes batch_size {len(kv_lens)}")
     sizes = (qo[1:] - qo[:-1]) * kv_lens
     return np.concatenate([[0], np.cumsum((sizes + 7) // 8)]).astype(np.int32), sizes
 
 
-def _pack_mask(custom_mask, packed_custom_mask, qo_indptr, kv, paged=False, page_size=1, last=None):
+def _pack_mask(custom_mask, packed_custom_mask, qo_indptr, kv, paged=False, page_size=1):
+    """(packed mask, mask_indptr) for the native plan: packed_custom_mask as given (the library
+    checks its dtype, length and device), or custom_mask (flat bools) packed little-endian."""
     import numpy as np
 
     if custom_mask is None and packed_custom_mask is None:
         return None, None
-    mask_indptr, sizes = _mask_indptr(qo_indptr, kv, paged, page_size, last)
+    mask_indptr, sizes = _mask_indptr(qo_indptr, kv, paged, page_size)
     if packed_custom_mask is not None:
-        return _np(packed_custom_mask).astype(np.uint8, copy=False), mask_indptr
+        return packed_custom_mask, mask_indptr
     flat = _np(custom_mask).astype(bool).ravel()
     bit_indptr = np.concatenate([[0], np.cumsum(sizes)])
     if len(flat) != bit_indptr[-1]:
-        raise ValueError(f"custom_mask has {len(flat)} elements but the batch's qo_len x kv_len "
-                         f"sum to {int(bit_indptr[-1])}")
+        raise _kv.Error(f"custom_mask has {len(flat)} elements but the batch's qo_len x kv_len "
+                        f"sum to {int(bit_indptr[-1])}")
     packed, _ = segment_packbits(flat, bit_indptr, bitorder="little")
     return np.asarray(packed, dtype=np.uint8), mask_indptr
 
@@ -425,8 +435,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         host_last = _to_host(paged_kv_last_page_len)
         gpu = _is_cuda(self._float_workspace_buffer)
         page_ids = paged_kv_indices if gpu else _to_host(paged_kv_indices)
-        mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, host_qo, host_indptr,
-                                       paged=True, page_size=int(page_size), last=host_last)
+        mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, host_qo,
+                                       (host_indptr, page_ids, host_last), paged=True,
+                                       page_size=int(page_size))
         variant_kwargs = dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
                               window_left=window_left, logits_soft_cap=logits_soft_cap,
                               sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)

@@ -97,6 +97,12 @@ struct Base {
                          std::chrono::steady_clock::now() - t0).count();
   }
 
+  // run() before any successful plan(): said before the arguments are parsed (a paged or ragged
+  // run() reads its K/V arguments by the plan's kind).
+  void require_plan(const char* who) const {
+    if (!planned.valid) raise_value(std::string(who) + ".run() was called before plan()");
+  }
+
   TensorView init_workspace(nb::handle ws) {
     workspace_obj = nb::borrow(ws);
     return tensor_arg("workspace", ws, workspace, true, true);
@@ -108,14 +114,14 @@ struct Base {
   template <class F>
   nb::object finish(const char* who, nb::handle q_obj, const TensorView& q, nb::handle out,
                     nb::handle lse, bool return_lse, nb::handle stream, F&& call) {
-    if (!planned.valid) raise_value(std::string(who) + ".run() was called before plan()");
+    require_plan(who);
     const int64_t rows = q.size(0);
     nb::object out_obj = nb::borrow(out), lse_obj = nb::borrow(lse);
     if (out_obj.is_none())
-      out_obj = empty_like_framework(q_obj, {rows, planned.num_qo_heads, planned.head_dim_vo}, planned.o_dtype);
+      out_obj = empty_like_framework("q", q_obj, {rows, planned.num_qo_heads, planned.head_dim_vo}, planned.o_dtype);
     const bool want_lse = return_lse || !lse_obj.is_none();
     if (want_lse && lse_obj.is_none())
-      lse_obj = empty_like_framework(q_obj, {rows, planned.num_qo_heads}, DType::f32);
+      lse_obj = empty_like_framework("q", q_obj, {rows, planned.num_qo_heads}, DType::f32);
     Held ho, hl;
     const TensorView& o = tensor_arg("out", out_obj, ho, true);
     const TensorView& l = tensor_arg("lse", lse_obj, hl, true, true);
@@ -256,6 +262,7 @@ void bind_attention(nb::module_& m) {
           "run",
           [](PyBatchDecode& self, nb::handle q, nb::handle kv, nb::handle v, nb::handle out,
              nb::handle lse, bool return_lse, nb::handle stream) {
+            self.require_plan("BatchDecode");
             Held hq, hk, hv;
             const TensorView& qv = tensor_arg("q", q, hq);
             PagedKVCache cache = paged_cache_arg(kv, v, self.layout, hk, hv);
@@ -341,9 +348,10 @@ void bind_attention(nb::module_& m) {
           "run",
           [](PyBatchPrefill& self, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
              nb::handle lse, bool return_lse, nb::handle stream) {
+            self.require_plan("BatchPrefill");
             Held hq, hk, hv;
             const TensorView& qv = tensor_arg("q", q, hq);
-            if (self.planned.valid && self.planned.paged) {
+            if (self.planned.paged) {
               PagedKVCache cache = paged_cache_arg(k, v, self.layout, hk, hv);
               return self.finish("BatchPrefill", q, qv, out, lse, return_lse, stream,
                                  [&](const TensorView& o, const TensorView& l, void* s) {
@@ -412,6 +420,7 @@ void bind_attention(nb::module_& m) {
           "run",
           [](PyBlockSparse& self, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
              nb::handle lse, bool return_lse, nb::handle stream) {
+            self.require_plan("BlockSparseAttention");
             Held hq, hk, hv;
             const TensorView& qv = tensor_arg("q", q, hq);
             const TensorView& kt = tensor_arg("k", k, hk);

@@ -146,13 +146,18 @@ TensorView view_of(const char* name, const Array& a, nb::handle obj, std::option
   }
   // An empty tensor's strides mean nothing, and producers export anything for them (numpy: all 0):
   // give it row-major strides so that stride rules (a contiguous head dim) hold.
+  // (Empty: a size of 0 along some dim. Not a.size() == 0: nanobind multiplies the sizes without an
+  // overflow check, and 2^32 x 2^32 elements wrap to 0; TensorView rejects such a view itself.)
   int64_t strides[TensorView::kMaxDims];
   const int64_t* stride_ptr = a.stride_ptr();
-  if (a.size() == 0) {
+  bool empty = false;
+  for (size_t d = 0; d < a.ndim(); ++d) empty |= a.shape_ptr()[d] == 0;
+  if (empty) {
     int64_t step = 1;
     for (int d = int(a.ndim()) - 1; d >= 0; --d) {
       strides[d] = step;
-      step *= std::max<int64_t>(1, a.shape_ptr()[d]);
+      if (__builtin_mul_overflow(step, std::max<int64_t>(1, a.shape_ptr()[d]), &step))
+        step = INT64_MAX;  // an empty view's strides are never walked
     }
     stride_ptr = strides;
   }
@@ -312,10 +317,12 @@ KVLayout layout_arg(nb::handle obj) {
   throw nb::python_error();
 }
 
-nb::object empty_like_framework(nb::handle like, std::initializer_list<int64_t> shape, DType dtype) {
+nb::object empty_like_framework(const char* like_name, nb::handle like,
+                                std::initializer_list<int64_t> shape, DType dtype) {
   nb::list dims;
   for (int64_t s : shape) dims.append(s);
-  return frameworks().attr("empty")(like, nb::tuple(dims), std::string(dtype_name(dtype)));
+  return frameworks().attr("empty")(like, nb::tuple(dims), std::string(dtype_name(dtype)),
+                                    std::string(like_name));
 }
 
 void* stream_arg(nb::handle stream, nb::handle like, const TensorView& view) {
@@ -338,9 +345,11 @@ void* stream_arg(nb::handle stream, nb::handle like, const TensorView& view) {
   return p;
 }
 
-PagedKVCache paged_cache_arg(nb::handle kv, nb::handle v, KVLayout layout, Held& hk, Held& hv) {
+PagedKVCache paged_cache_arg(nb::handle kv, nb::handle v, KVLayout layout, Held& hk, Held& hv,
+                             bool writable) {
   if (!v.is_none())
-    return PagedKVCache::split(tensor_arg("paged k", kv, hk), tensor_arg("paged v", v, hv), layout);
+    return PagedKVCache::split(tensor_arg("paged k", kv, hk, writable),
+                               tensor_arg("paged v", v, hv, writable), layout);
   if (PyTuple_Check(kv.ptr()) || PyList_Check(kv.ptr())) {
     nb::sequence seq = nb::borrow<nb::sequence>(kv);
     if (nb::len(seq) != 2)
@@ -348,9 +357,10 @@ PagedKVCache paged_cache_arg(nb::handle kv, nb::handle v, KVLayout layout, Held&
                   std::to_string(nb::len(seq)) + " items");
     // The sequence keeps its items alive for the call.
     nb::handle k = PySequence_Fast_GET_ITEM(kv.ptr(), 0), vv = PySequence_Fast_GET_ITEM(kv.ptr(), 1);
-    return PagedKVCache::split(tensor_arg("paged k", k, hk), tensor_arg("paged v", vv, hv), layout);
+    return PagedKVCache::split(tensor_arg("paged k", k, hk, writable),
+                               tensor_arg("paged v", vv, hv, writable), layout);
   }
-  return PagedKVCache::combined(tensor_arg("paged kv", kv, hk), layout);
+  return PagedKVCache::combined(tensor_arg("paged kv", kv, hk, writable), layout);
 }
 
 }  // namespace kvattn::py

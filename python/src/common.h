@@ -57,8 +57,11 @@ std::optional<DType> optional_dtype_arg(const char* name, nb::handle obj);
 KVLayout layout_arg(nb::handle obj);
 
 // A new tensor in the framework of `like` (numpy in -> numpy out; torch -> torch on like's device;
-// any array-API namespace otherwise), through kvattn._frameworks.empty.
-nb::object empty_like_framework(nb::handle like, std::initializer_list<int64_t> shape, DType dtype);
+// any array-API namespace; numpy for another producer of host memory), through
+// kvattn._frameworks.empty. `like_name` names `like` in its error (a producer on a device whose
+// framework is unknown).
+nb::object empty_like_framework(const char* like_name, nb::handle like,
+                                std::initializer_list<int64_t> shape, DType dtype);
 
 // The cudaStream_t for a call on `device`: `stream` as given (an int, or an object with
 // .cuda_stream (torch) or .ptr (cupy)), or, when None, the current stream of the framework that
@@ -66,8 +69,9 @@ nb::object empty_like_framework(nb::handle like, std::initializer_list<int64_t> 
 void* stream_arg(nb::handle stream, nb::handle like, const TensorView& view);
 
 // The paged cache of run() and append: a (k, v) pair, a 5-D [pages, 2, ...] tensor, or k and v as
-// two arguments.
-PagedKVCache paged_cache_arg(nb::handle kv, nb::handle v, KVLayout layout, Held& hk, Held& hv);
+// two arguments. `writable`: append writes it (a read-only array is refused).
+PagedKVCache paged_cache_arg(nb::handle kv, nb::handle v, KVLayout layout, Held& hk, Held& hv,
+                             bool writable = false);
 
 // plan()'s and append's page table: a kvattn.PageTable or an (indptr, indices, last_page_len)
 // sequence; the arrays are named kv_indptr, kv_indices and kv_last_page_len in errors.

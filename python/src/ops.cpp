@@ -2,8 +2,10 @@
 // append_paged_kv_cache, apply_rope. Outputs not given are allocated in the first input's framework.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "common.h"
+#include "core/validate.h"
 
 namespace kvattn::py {
 
@@ -12,6 +14,35 @@ namespace {
 }  // namespace
 
 void bind_ops(nb::module_& m) {
+  // ---- the library's own checks, for kvattn.flashinfer's Python helpers -----------------------------
+  // (Arrays the Python layer reads before the C++ call does, e.g. to lay out a custom mask, are
+  // checked here first, with the C++ messages.)
+  m.def(
+      "_indptr_values",
+      [](const char* name, nb::handle x, int64_t expected_len) {
+        Held h;
+        const TensorView& t = index_arg(name, x, h);
+        auto v = validate::indptr(name, t, expected_len);
+        return std::vector<int64_t>(v.begin(), v.end());
+      },
+      nb::arg("name"), nb::arg("x"), nb::arg("expected_len") = -1,
+      "The values of an indptr array (1-D int32 on the host, [0] = 0, non-decreasing), checked as "
+      "plan() checks them; kvattn.Error naming `name` otherwise.");
+  m.def(
+      "_page_table_lengths",
+      [](nb::handle page_table, int page_size) {
+        Held h[3];
+        const PageTable t = page_table_arg(page_table, h);
+        const auto info = validate::page_table(t, page_size, -1, true);
+        std::vector<int64_t> lens(size_t(info.batch_size));
+        for (int64_t b = 0; b < info.batch_size; ++b)
+          lens[size_t(b)] = validate::paged_kv_len(info, page_size, b);
+        return lens;
+      },
+      nb::arg("page_table"), nb::arg("page_size"),
+      "Each request's KV length from a page table (kv_indptr, kv_indices, kv_last_page_len), "
+      "checked as plan() checks it (the page ids' values excepted); kvattn.Error otherwise.");
+
   m.def(
       "merge_state",
       [](nb::handle v_a, nb::handle s_a, nb::handle v_b, nb::handle s_b, nb::handle v_out,
@@ -23,9 +54,9 @@ void bind_ops(nb::module_& m) {
         const TensorView& sb = tensor_arg("s_b", s_b, hsb);
         nb::object vo = nb::borrow(v_out), so = nb::borrow(s_out);
         if (vo.is_none() && va.ndim() == 3)
-          vo = empty_like_framework(v_a, {va.size(0), va.size(1), va.size(2)}, va.dtype());
+          vo = empty_like_framework("v_a", v_a, {va.size(0), va.size(1), va.size(2)}, va.dtype());
         if (so.is_none() && va.ndim() == 3)
-          so = empty_like_framework(v_a, {va.size(0), va.size(1)}, DType::f32);
+          so = empty_like_framework("v_a", v_a, {va.size(0), va.size(1)}, DType::f32);
         const TensorView& o = tensor_arg("v_out", vo, ho, true, true);
         const TensorView& os = tensor_arg("s_out", so, hso, true, true);
         void* st = stream_arg(stream, v_a, va);
@@ -65,9 +96,9 @@ void bind_ops(nb::module_& m) {
         const TensorView& sv = tensor_arg("s", s, hs);
         nb::object vo = nb::borrow(v_out), so = nb::borrow(s_out);
         if (vo.is_none() && vv.ndim() == 4)
-          vo = empty_like_framework(v, {vv.size(0), vv.size(2), vv.size(3)}, vv.dtype());
+          vo = empty_like_framework("v", v, {vv.size(0), vv.size(2), vv.size(3)}, vv.dtype());
         if (so.is_none() && vv.ndim() == 4)
-          so = empty_like_framework(v, {vv.size(0), vv.size(2)}, DType::f32);
+          so = empty_like_framework("v", v, {vv.size(0), vv.size(2)}, DType::f32);
         const TensorView& o = tensor_arg("v_out", vo, ho, true, true);
         const TensorView& os = tensor_arg("s_out", so, hso, true, true);
         void* st = stream_arg(stream, v, vv);
@@ -88,7 +119,7 @@ void bind_ops(nb::module_& m) {
         const TensorView& v = tensor_arg("append_v", append_v, hv);
         const TensorView& b = index_arg("batch_indices", batch_indices, hb);
         const TensorView& p = index_arg("positions", positions, hp);
-        PagedKVCache cache = paged_cache_arg(kv_cache, nb::none(), layout_arg(layout), hck, hcv);
+        PagedKVCache cache = paged_cache_arg(kv_cache, nb::none(), layout_arg(layout), hck, hcv, true);
         PageTable table = page_table_arg(page_table, hpt);
         nb::handle like = PyTuple_Check(kv_cache.ptr()) || PyList_Check(kv_cache.ptr())
                               ? nb::handle(PySequence_Fast_GET_ITEM(kv_cache.ptr(), 0))
@@ -116,9 +147,9 @@ void bind_ops(nb::module_& m) {
         const TensorView& pv = index_arg("pos_ids", pos_ids, hp);
         nb::object qo = nb::borrow(q_out), ko = nb::borrow(k_out);
         if (qo.is_none() && qv.ndim() == 3)
-          qo = empty_like_framework(q, {qv.size(0), qv.size(1), qv.size(2)}, qv.dtype());
+          qo = empty_like_framework("q", q, {qv.size(0), qv.size(1), qv.size(2)}, qv.dtype());
         if (ko.is_none() && kv.ndim() == 3)
-          ko = empty_like_framework(k, {kv.size(0), kv.size(1), kv.size(2)}, kv.dtype());
+          ko = empty_like_framework("k", k, {kv.size(0), kv.size(1), kv.size(2)}, kv.dtype());
         const TensorView& qov = tensor_arg("q_out", qo, hqo, true, true);
         const TensorView& kov = tensor_arg("k_out", ko, hko, true, true);
         RopeOptions o;

@@ -48,6 +48,8 @@ std::span<const int32_t> host_i32_span(const char* name, const TensorView& t) {
                " but i32 is expected");
   KVATTN_CHECK(t.device().is_cpu(), name, " must be on the host (cpu), got ", t.describe());
   KVATTN_CHECK(t.size(0) <= 1 || t.stride(0) == 1, name, " must be contiguous, got ", t.describe());
+  // A DLPack producer may export a null pointer with elements (the C++ API's spans cannot).
+  KVATTN_CHECK(t.size(0) == 0 || t.data() != nullptr, name, " has a null data pointer");
   return {t.data_as<const int32_t>(), size_t(t.size(0))};
 }
 
