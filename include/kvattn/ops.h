@@ -86,4 +86,17 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
                 const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options = {},
                 void* stream = nullptr);
 
+// RoPE with precomputed cos/sin (vLLM's and SGLang's form; FlashInfer's
+// apply_rope_with_cos_sin_cache): row p of cos_sin_cache [max_position, rotary_dim] (f32, any row
+// stride, on q's device) holds cos(p f_t) for t < rotary_dim / 2, then sin(p f_t); row r of q and
+// k is rotated by row pos_ids[r] (int32 host array, each in [0, max_position)). The pair of t is
+// (x[t], x[t + rotary_dim / 2]) or, interleaved, (x[2t], x[2t + 1]); (x0, x1) <- (x0 c - x1 s,
+// x1 c + x0 s) in f32; rotary_dim (even, <= the head dim) is the cache's width, and the elements
+// past it are copied. Shapes, dtypes, strides and aliasing as apply_rope (q_out may be q and
+// k_out k exactly). CPU tensors only so far.
+void apply_rope_with_cos_sin_cache(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                                   const TensorView& k_out, const TensorView& pos_ids,
+                                   const TensorView& cos_sin_cache, bool interleave = false,
+                                   void* stream = nullptr);
+
 }  // namespace kvattn

@@ -42,6 +42,7 @@ from ._kvattn import (  # noqa: F401
     alibi_slope,
     append_paged_kv_cache,
     apply_rope,
+    apply_rope_with_cos_sin_cache,
     cpu_num_threads,
     dtype_size,
     has_cuda_backend,
@@ -57,6 +58,7 @@ __all__ = [
     "DTypeError", "Error", "GraphCapacity", "KVLayout", "Llama31Scaling", "MAX_KV_LEN",
     "MAX_TOTAL_TOKENS", "MergeEntry", "PageTable", "Plan", "Planner", "RopeConfig",
     "SchedulerOptions", "TileShape", "Variant", "WorkItem", "__version__", "alibi_slope",
-    "append_paged_kv_cache", "apply_rope", "cpu_num_threads", "dtype_size", "has_cuda_backend",
-    "make_plan", "merge_state", "merge_state_in_place", "merge_states", "variants",
+    "append_paged_kv_cache", "apply_rope", "apply_rope_with_cos_sin_cache", "cpu_num_threads",
+    "dtype_size", "has_cuda_backend", "make_plan", "merge_state", "merge_state_in_place",
+    "merge_states", "variants",
 ]

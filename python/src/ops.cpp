@@ -29,6 +29,16 @@ void bind_ops(nb::module_& m) {
       "The values of an indptr array (1-D int32 on the host, [0] = 0, non-decreasing), checked as "
       "plan() checks them; kvattn.Error naming `name` otherwise.");
   m.def(
+      "_int32_values",
+      [](const char* name, nb::handle x, int64_t expected_len) {
+        Held h;
+        auto v = validate::int32_array(name, index_arg(name, x, h), expected_len);
+        return std::vector<int64_t>(v.begin(), v.end());
+      },
+      nb::arg("name"), nb::arg("x"), nb::arg("expected_len") = -1,
+      "The values of a 1-D int32 host array (of expected_len elements when >= 0), checked as the "
+      "library checks index arrays; kvattn.Error naming `name` otherwise.");
+  m.def(
       "_page_table_lengths",
       [](nb::handle page_table, int page_size) {
         Held h[3];
@@ -170,6 +180,35 @@ void bind_ops(nb::module_& m) {
       "first rotary_dim (0: all) elements of each head (SEMANTICS.md, 'Rotary position embedding'). "
       "Returns (q_out, k_out), allocated like q and k when not given; pass q_out=q, k_out=k to "
       "rotate in place. CPU tensors only so far.");
+
+  m.def(
+      "apply_rope_with_cos_sin_cache",
+      [](nb::handle q, nb::handle k, nb::handle pos_ids, nb::handle cos_sin_cache, nb::handle q_out,
+         nb::handle k_out, bool interleave, nb::handle stream) {
+        Held hq, hk, hp, hc, hqo, hko;
+        const TensorView& qv = tensor_arg("q", q, hq);
+        const TensorView& kv = tensor_arg("k", k, hk);
+        const TensorView& pv = index_arg("pos_ids", pos_ids, hp);
+        const TensorView& cv = tensor_arg("cos_sin_cache", cos_sin_cache, hc);
+        nb::object qo = nb::borrow(q_out), ko = nb::borrow(k_out);
+        if (qo.is_none() && qv.ndim() == 3)
+          qo = empty_like_framework("q", q, {qv.size(0), qv.size(1), qv.size(2)}, qv.dtype());
+        if (ko.is_none() && kv.ndim() == 3)
+          ko = empty_like_framework("k", k, {kv.size(0), kv.size(1), kv.size(2)}, kv.dtype());
+        const TensorView& qov = tensor_arg("q_out", qo, hqo, true, true);
+        const TensorView& kov = tensor_arg("k_out", ko, hko, true, true);
+        void* st = stream_arg(stream, q, qv);
+        without_gil([&] { apply_rope_with_cos_sin_cache(qv, kv, qov, kov, pv, cv, interleave, st); });
+        return nb::make_tuple(qo, ko);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("pos_ids"), nb::arg("cos_sin_cache"), nb::kw_only(),
+      nb::arg("q_out") = nb::none(), nb::arg("k_out") = nb::none(), nb::arg("interleave") = false,
+      nb::arg("stream") = nb::none(),
+      "Rotates q [nnz, Hq, D] and k [nnz, Hk, D] by the precomputed cos/sin of row pos_ids[r] "
+      "(int32, host) of cos_sin_cache [max_position, rotary_dim] (float32: cos of the rotary_dim / 2 "
+      "frequencies, then their sin); the first rotary_dim elements of each head, rotate-half or "
+      "interleaved (kvattn/ops.h). Returns (q_out, k_out), allocated like q and k when not given; "
+      "q_out=q, k_out=k rotate in place. CPU tensors only so far.");
 }
 
 }  // namespace kvattn::py

@@ -486,6 +486,15 @@ def native_block_sparse(f):
     return w.run(f.q, f.k, f.v, out=f.out, lse=f.lse, return_lse=f.return_lse)
 
 
+def fi_block_sparse(f):
+    w = fi.BlockSparseAttentionWrapper(WORKSPACE)
+    if f.plan_first:
+        w.plan(f.bsr_indptr, f.bsr_indices, f.M, f.N, f.R, f.C, f.hq, f.hkv, f.dqk,
+               q_data_type=FI_DTYPE[f.q_dtype], kv_data_type=FI_DTYPE[f.kv_dtype or f.q_dtype],
+               o_data_type=FI_DTYPE[f.q_dtype], **f.fi_kw)
+    return w.run(f.q, f.k, f.v, out=f.out, lse=f.lse, return_lse=f.return_lse)
+
+
 def build_merge(rng, dtype="f16", n=4, h=2, d=16):
     c = Call(rng)
     c.f = SimpleNamespace(
@@ -580,6 +589,15 @@ def native_rope(f):
                              llama31=f.llama31)
 
 
+def fi_rope(f):
+    """kvattn.flashinfer.apply_rope_pos_ids: the outputs are allocated (like q and k)."""
+    if f.llama31 is not None:
+        raise AssertionError("llama31 cases are native only")
+    return fi.apply_rope_pos_ids(f.q, f.k, f.pos_ids, rotary_dim=f.rotary_dim or None,
+                                 interleave=f.interleave, rope_scale=f.rope_scale,
+                                 rope_theta=f.rope_theta)
+
+
 def build_planner(rng):
     c = Call(rng)
     kv = [int(x) for x in rng.integers(1, 200, size=3)]
@@ -601,12 +619,12 @@ APIS = {
     "prefill_ragged": (build_prefill, native_prefill, fi_prefill),
     "prefill_mask": (lambda rng: build_prefill(rng, mask=True), native_prefill, fi_prefill),
     "prefill_paged": (lambda rng: build_prefill(rng, paged=True), native_prefill, fi_prefill),
-    "block_sparse": (build_block_sparse, native_block_sparse, None),
+    "block_sparse": (build_block_sparse, native_block_sparse, fi_block_sparse),
     "merge_state": (build_merge, native_merge, fi_merge),
     "merge_state_in_place": (build_merge_in_place, native_merge_in_place, fi_merge_in_place),
     "merge_states": (build_merge_states, native_merge_states, fi_merge_states),
     "append": (build_append, native_append, fi_append),
-    "apply_rope": (build_rope, native_rope, None),
+    "apply_rope": (build_rope, native_rope, fi_rope),
     "planner": (build_planner, native_planner, None),
 }
 
@@ -669,7 +687,7 @@ def _view_into(base, dtype, shape, offset_elems=0, values=None):
 def attention_cases(api):
     paged = api in ("decode", "prefill_paged")
     prefill = api.startswith("prefill")
-    fi_ok = ("native",) if api == "block_sparse" else ("native", "flashinfer")
+    fi_ok = ("native", "flashinfer")
     c = []
     # Shape and dtypes of the plan.
     for v in (0, -1, HQ + 1):
@@ -925,7 +943,11 @@ def block_sparse_cases(api):
         f.v = fresh(call, f.v, (f.N,) + f.v.shape[1:])
 
     c += [
-        Case(api, "bsr M not a multiple of R", m_plus_one, r"bsr M = 7 is not a multiple of R = 2"),
+        Case(api, "bsr M not a multiple of R", m_plus_one, r"bsr M = 7 is not a multiple of R = 2",
+             layers=NATIVE),
+        # FlashInfer's M need not be a multiple of R (ceil(M / R) block rows): indptr is then short.
+        Case(api, "bsr M not a multiple of R (flashinfer)", m_plus_one,
+             r"bsr indptr has 4 elements but 5 are expected", layers=("flashinfer",)),
         Case(api, "bsr N not a multiple of C", n_plus_one, r"bsr N = 13 is not a multiple of C = 3"),
         Case(api, "bsr R = 0", set_attr(R=0), r"bsr block size R x C = 0 x 3"),
         Case(api, "bsr C = -C", set_attr(C=-3), r"bsr block size R x C = 2 x -3"),
@@ -1118,25 +1140,35 @@ def append_cases():
 
 
 def rope_cases():
+    """(kvattn.flashinfer.apply_rope_pos_ids allocates the outputs like q and k: their head counts
+    are free there, and the outputs' own corruptions are the native API's.)"""
     api = "apply_rope"
-    c = tensor_cases(api, "q", "q", exact_dims=(0, 1, 2))
-    c += tensor_cases(api, "k", "k", exact_dims=(0, 1, 2))
-    c += tensor_cases(api, "q_out", "q_out", exact_dims=(0, 1, 2), output=True)
-    c += tensor_cases(api, "k_out", "k_out", exact_dims=(0, 1, 2), output=True)
+    c = []
+    for name in ("q", "k"):
+        c += tensor_cases(api, name, name, exact_dims=(0, 2), fi_allocates_like=True)
+        c += tensor_cases(api, name, name, exact_dims=(1,), layers=NATIVE)[-2:]
+    c += tensor_cases(api, "q_out", "q_out", exact_dims=(0, 1, 2), output=True, layers=NATIVE)
+    c += tensor_cases(api, "k_out", "k_out", exact_dims=(0, 1, 2), output=True, layers=NATIVE)
     c += index_cases(api, "pos_ids", "pos_ids", exact_length=True)
+    for case in c:  # legal through kvattn.flashinfer: outputs of q's / k's own dtype, int64 positions
+        if case.name in ("q: dtype f32", "k: dtype f32", "pos_ids: dtype int64"):
+            case.layers = NATIVE
     for rd in (15, 18, -2, I32_MIN):
         c.append(Case(api, f"rotary_dim = {rd}", set_attr(rotary_dim=rd), rf"rotary_dim = {rd}"))
     for x in (0.0, -1.0, math.nan, math.inf):
         c.append(Case(api, f"rope_theta = {x}", set_attr(rope_theta=x), r"rope_theta"))
         c.append(Case(api, f"rope_scale = {x}", set_attr(rope_scale=x), r"rope_scale"))
-        c.append(Case(api, f"llama31 factor = {x}", set_attr(llama31=kvattn.Llama31Scaling(factor=x)), r"factor"))
+        c.append(Case(api, f"llama31 factor = {x}", set_attr(llama31=kvattn.Llama31Scaling(factor=x)), r"factor",
+                      layers=NATIVE))
         c.append(Case(api, f"llama31 low_freq_factor = {x}",
-                      set_attr(llama31=kvattn.Llama31Scaling(low_freq_factor=x)), r"low_freq_factor"))
+                      set_attr(llama31=kvattn.Llama31Scaling(low_freq_factor=x)), r"low_freq_factor",
+                      layers=NATIVE))
         c.append(Case(api, f"llama31 original_max_position = {x}",
-                      set_attr(llama31=kvattn.Llama31Scaling(original_max_position=x)), r"original_max_position"))
+                      set_attr(llama31=kvattn.Llama31Scaling(original_max_position=x)), r"original_max_position",
+                      layers=NATIVE))
     c.append(Case(api, "llama31 high_freq_factor = low_freq_factor",
                   set_attr(llama31=kvattn.Llama31Scaling(low_freq_factor=2.0, high_freq_factor=2.0)),
-                  r"high_freq_factor"))
+                  r"high_freq_factor", layers=NATIVE))
 
     def square(call):  # q and k of one shape: k_out = q exactly, as in tests/hardening_test.cpp
         f = call.f
@@ -1164,6 +1196,8 @@ def rope_cases():
              set_attr(pos_ids=lambda c: _view_into(c.f.k_out, np.int32, c.f.pos_ids.shape, values=c.f.pos_ids)),
              r"pos_ids|k_out"),
     ]
+    for case in c[-7:]:  # the outputs' aliasing: the caller's outputs, native only
+        case.layers = NATIVE
     return c
 
 
