@@ -170,7 +170,7 @@ TEST(BlockSparse, Variants) {
     }
 }
 
-// What BlockSparseAttention on the GPU runs (core/block_sparse_gpu.h): a paged prefill where block
+// What BlockSparseAttention on the GPU runs (cuda/attention_backend.cpp): a paged prefill where block
 // row r is a request of R queries whose pages are its column blocks, C tokens each (last page
 // full), over k and v viewed as [N / C, C, Hkv, D]. For variants that do not read positions it is
 // the same attention: checked here on the CPU backend, bit for bit, one block row at a time (a

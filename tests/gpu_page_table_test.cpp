@@ -283,5 +283,24 @@ TEST(GpuPageTable, DeviceTableShapeIsCheckedOnTheHost) {
 #endif
 }
 
+// A plan runs where it was made for: a GPU plan given host tensors names q (it used to fall back to
+// the CPU engine, which read page ids a GPU decode plan had not copied to the host).
+TEST(GpuPageTable, GpuPlanRunWithHostTensorsIsAnError) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  std::vector<int32_t> indptr{0, 1}, indices{0}, last{1};
+  HostTensor ti = int32_tensor(indptr), tx = int32_tensor(indices), tl = int32_tensor(last);
+  kvattn::BatchDecodePlan p = small_decode_plan({ti.view(), tx.view(), tl.view()});
+  DeviceBytes ws(int64_t(1) << 20);
+  kvattn::BatchDecode op(ws.view());
+  op.plan(p);
+  HostTensor q(DType::bf16, {1, p.num_qo_heads, p.head_dim_qk}), out(DType::bf16, {1, p.num_qo_heads, p.head_dim_qk});
+  HostTensor kc(DType::bf16, {1, p.page_size, p.num_kv_heads, p.head_dim_qk});
+  const auto cache = kvattn::PagedKVCache::split(kc.view(), kc.view(), kvattn::KVLayout::NHD);
+  EXPECT_KVATTN_ERROR(op.run(q.view(), cache, out.view()),
+                      "q is on cpu but BatchDecode was planned with a workspace on cuda:0");
+#endif
+}
+
 }  // namespace
 }  // namespace kvattn_test

@@ -334,11 +334,13 @@ TEST(GpuPrefill, SplitSchedulesMatch) {
     }
 }
 
+// (qo_len, kv_len) with empty requests; a request with queries but no keys is an error
+// (qo_len <= kv_len, Hardening.QueriesLongerThanKeysAreErrors).
 TEST(GpuPrefill, EmptyRequestsAndBatches) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::vector<std::pair<int64_t, int64_t>>> batches = {
-      {}, {{0, 0}}, {{0, 0}, {1, 1}, {0, 5}, {0, 0}}, {{1, 1}, {2, 2}, {1, 0}},
-      {{0, 7}, {3, 3}, {0, 0}, {16, 16}}, {{4, 2}, {3, 0}}};
+      {}, {{0, 0}}, {{0, 0}, {1, 1}, {0, 5}, {0, 0}}, {{1, 1}, {2, 2}, {0, 0}},
+      {{0, 7}, {3, 3}, {0, 0}, {16, 16}}, {{2, 4}, {0, 3}}};
   for (const auto& lens : batches)
     for (KVStore store : kStores)
       for (bool causal : {false, true}) {

@@ -1,4 +1,4 @@
-// Every plan()-time validation error of the attention wrappers (src/core/attention.cpp,
+// Every plan()-time validation error of the attention wrappers (src/api/attention.cpp,
 // attention_plan.cpp, validate.cpp, variant.cpp, formats.cpp), each checked by its message, and
 // that a failed plan() leaves the previous plan in place. Run-time errors:
 // validation_run_test.cpp.

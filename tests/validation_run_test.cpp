@@ -1,4 +1,4 @@
-// Every run()-time validation error of the attention wrappers (src/core/attention.cpp,
+// Every run()-time validation error of the attention wrappers (src/api/attention.cpp,
 // validate.cpp), each checked by its message; a rejected run() writes nothing (out and lse keep
 // their poison), and a failed plan() leaves the previous plan usable.
 #include <gtest/gtest.h>

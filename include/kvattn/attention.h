@@ -1,6 +1,7 @@
 // Batch attention over the KV-cache formats, with FlashInfer's plan/run split: plan() reads the
 // host-side index arrays once; run() computes, allocation-free on the GPU and graph-capturable.
-// Every run() dispatches on the tensors' device; the CPU backend runs anywhere.
+// A plan made without a workspace (or with a host one) runs on the CPU backend, anywhere; a plan
+// made with a CUDA workspace runs on that device.
 #pragma once
 
 #include <memory>
@@ -20,8 +21,9 @@ namespace kvattn {
 //    KV tokens) <= kMaxTotalTokens; the planner rejects a batch whose work items would not fit
 //    int32 indices or whose cost passes its limit, from the lengths alone (O(batch), before it
 //    allocates anything proportional to the work).
-//  - Devices: run() computes where q is: on the host (the CPU backend runs any plan) or on the
-//    CUDA device of the workspace the plan was made with; every other tensor must be there too.
+//  - Devices: run() computes where the plan was made for: on the host (no workspace, or a host
+//    one) or on the CUDA device of the plan's workspace; q elsewhere is the argument named, and
+//    every other tensor must be where q is.
 //  - Aliasing: out and lse never overlap themselves (no stride of 0 along a dimension of size
 //    > 1), each other, q, K, V or the workspace; in-place attention (out = q) is not supported.
 //    Overlap is judged from the views' byte ranges (rows of one row stride that interleave without

@@ -3,22 +3,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "kernels/variants/params.cuh"
 #include "kvattn/attention.h"
 
-#if KVATTN_WITH_CUDA
-#include <memory>
-
-#include "cuda/decode_runner.h"
-#include "cuda/prefill_runner.h"
-#endif
-
 namespace kvattn::detail {
 
 enum class KVKind : uint8_t { paged, ragged, block_sparse };
+class GpuPlan;  // core/attention_backend.h
 
 struct ResolvedShape {
   int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0;
@@ -56,17 +51,8 @@ struct AttentionPlan {
   // The CPU backend's schedule (src/cpu/plan_executor.h) and the options it was made with.
   SchedulerOptions scheduler;
   std::optional<Plan> cpu_work;
-#if KVATTN_WITH_CUDA
-  // The GPU side of a decode plan (kept across plans: graph mode reuses its buffers).
-  std::shared_ptr<cuda::DecodeRunner> gpu_decode;
-  // The GPU side of a prefill plan (src/core/prefill_gpu.cpp), kept across plans likewise.
-  std::shared_ptr<cuda::PrefillRunner> gpu_prefill;
-  // BatchDecode moves between the two kernel families by batch on sm_90+
-  // (cuda::decode_uses_prefill_kernels): the runner this plan does not use, kept for the next
-  // switch (a new runner would allocate its pinned staging again).
-  std::shared_ptr<cuda::DecodeRunner> spare_decode;
-  std::shared_ptr<cuda::PrefillRunner> spare_prefill;
-#endif
+  // The GPU side of the plan (core/attention_backend.h); null for a CPU plan.
+  std::shared_ptr<const GpuPlan> gpu;
 
   int64_t batch_size() const { return int64_t(qo_indptr.size()) - 1; }
   int64_t total_q_rows() const { return qo_indptr.back(); }

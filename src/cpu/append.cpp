@@ -1,5 +1,5 @@
 // Appending rows of K and V to the paged cache on the CPU. Destinations were resolved and checked
-// by src/core/ops.cpp (no two rows share a slot), so rows are independent.
+// by src/api/ops.cpp (no two rows share a slot), so rows are independent.
 #include <algorithm>
 #include <cstring>
 #include <vector>

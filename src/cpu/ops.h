@@ -1,4 +1,4 @@
-// CPU kernels of the stand-alone operations (merge, paged append, RoPE). src/core/ops.cpp validates
+// CPU kernels of the stand-alone operations (merge, paged append, RoPE). src/api/ops.cpp validates
 // the arguments and lowers them to these flat descriptions; the kernels trust them. Strides are in
 // elements; every head vector is contiguous.
 #pragma once

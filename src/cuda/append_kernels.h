@@ -1,5 +1,5 @@
 // The GPU paged-append kernel (kernels/append/append_paged.cuh): its JIT spec and launcher.
-// src/core/ops.cpp validates CUDA tensors (kvattn/ops.h says what is checked where), lowers them to
+// src/api/ops.cpp validates CUDA tensors (kvattn/ops.h says what is checked where), lowers them to
 // AppendParams and calls launch_append_paged.
 #pragma once
 

@@ -251,7 +251,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   live_ ^= 1;
 }
 
-void DecodeRunner::run(const DecodeTensors& t, cudaStream_t stream) const {
+void DecodeRunner::run(const AttentionTensors& t, cudaStream_t stream) const {
   KVATTN_CHECK(kernel_ != nullptr, "BatchDecode.run() was called before plan()");
   DeviceGuard guard(device_);
   kernels::DecodeParams p = base_;

@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda/attention_tensors.h"
 #include "cuda/decode_kernels.h"
 #include "cuda/plan_staging.h"
 #include "cuda/tensor_map.h"
@@ -32,21 +33,6 @@ struct DecodeProblem {
   SchedulerOptions scheduler;
 };
 
-// Device pointers and element strides of one run.
-struct DecodeTensors {
-  const void* q;
-  int64_t q_stride_n, q_stride_h;
-  void* o;
-  int64_t o_stride_n, o_stride_h;
-  float* lse;  // may be null
-  int64_t lse_stride_n, lse_stride_h;
-  const void* k;
-  const void* v;
-  int64_t num_pages;
-  int64_t k_stride_page, k_stride_token, k_stride_head;
-  int64_t v_stride_page, v_stride_token, v_stride_head;
-};
-
 // The limits of `device` for the kernel choices; throws when there is no CUDA device.
 DeviceLimits decode_device_limits(int device);
 // Whether `device` runs the bulk-copy decode kernel (DeviceLimits::has_bulk_copies).
@@ -63,7 +49,7 @@ class DecodeRunner {
   // previous plan's buffers, except the staging copy, which it orders after the previous one.
   void plan(const DecodeProblem& problem, void* workspace, int64_t workspace_bytes, int device,
             cudaStream_t stream);
-  void run(const DecodeTensors& t, cudaStream_t stream) const;
+  void run(const AttentionTensors& t, cudaStream_t stream) const;
   // Waits for `stream`, then throws kvattn::Error naming the first out-of-range page id a run
   // since the last plan() or check met (and clears the record); returns quietly otherwise.
   void check_errors(cudaStream_t stream) const;

@@ -221,7 +221,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   live_ ^= 1;
 }
 
-void PrefillRunner::run(const PrefillTensors& t, cudaStream_t stream) const {
+void PrefillRunner::run(const AttentionTensors& t, cudaStream_t stream) const {
   KVATTN_CHECK(kernel_ != nullptr, "BatchPrefill.run() was called before plan()");
   DeviceGuard guard(device_);
   kernels::PrefillParams p = base_;

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda/attention_tensors.h"
 #include "cuda/prefill_kernels.h"
 #include "cuda/plan_staging.h"
 #include "kernels/prefill/params.cuh"
@@ -39,21 +40,6 @@ struct PrefillProblem {
   bool one_query_per_request = false;
 };
 
-// Device pointers and element strides of one run (ragged: page strides unused).
-struct PrefillTensors {
-  const void* q;
-  int64_t q_stride_n, q_stride_h;
-  void* o;
-  int64_t o_stride_n, o_stride_h;
-  float* lse;  // may be null
-  int64_t lse_stride_n, lse_stride_h;
-  const void* k;
-  const void* v;
-  int64_t k_stride_page, k_stride_token, k_stride_head;
-  int64_t v_stride_page, v_stride_token, v_stride_head;
-  int64_t num_pages = 0;  // paged: pages in the cache (ids outside [0, num_pages) are errors)
-};
-
 class PrefillRunner {
  public:
   PrefillRunner() = default;
@@ -65,7 +51,7 @@ class PrefillRunner {
   // previous plan's buffers, except the staging copy, which it orders after the previous one.
   void plan(const PrefillProblem& problem, void* workspace, int64_t workspace_bytes, int device,
             cudaStream_t stream);
-  void run(const PrefillTensors& t, cudaStream_t stream) const;
+  void run(const AttentionTensors& t, cudaStream_t stream) const;
   // Waits for `stream`; throws when a run since the last plan() or check met a page id outside
   // [0, num_pages) (kernels/prefill/params.cuh), and clears the record.
   void check_errors(cudaStream_t stream) const;

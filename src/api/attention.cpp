@@ -1,4 +1,5 @@
-// plan() and run() of the batch attention wrappers: validation, then lowering to the backend.
+// plan() and run() of the batch attention wrappers: validation, then the backend
+// (core/attention_backend.h): the CPU engine, or the CUDA runners of a plan made for a GPU workspace.
 #include "kvattn/attention.h"
 
 #include <algorithm>
@@ -10,18 +11,10 @@
 #include <string>
 #include <utility>
 
+#include "core/attention_backend.h"
 #include "core/attention_plan.h"
 #include "core/overrides.h"
-#include "core/block_sparse_gpu.h"
-#include "core/prefill_gpu.h"
 #include "core/validate.h"
-#include "cpu/attention_engine.h"
-#include "cpu/plan_executor.h"
-#include "cpu/thread_pool.h"
-
-#if KVATTN_WITH_CUDA
-#include "cuda/runtime.h"
-#endif
 
 namespace kvattn {
 
@@ -99,14 +92,9 @@ void check_plan(const std::unique_ptr<AttentionPlan>& plan, const char* who, con
   KVATTN_CHECK(plan != nullptr, who, ".", method, "() was called before plan()");
 }
 
-void check_backend(const TensorView& q) {
-  KVATTN_CHECK(q.device().is_cpu(), "q is on ", q.device().str(),
-               " but this build of kvattn has no CUDA backend; pass host (cpu) tensors");
-}
-
 void check_rows_tensor(const char* name, const TensorView& t, DType dtype, const char* planned,
                        int64_t rows, const char* rows_what, int heads, const char* heads_what,
-                       int dim, const char* dim_what, Device dev) {
+                       int dim, const char* dim_what) {
   validate::ndim(name, t, 3);
   KVATTN_CHECK(t.dtype() == dtype, name, " has dtype ", dtype_name(t.dtype()), " but the plan was made for ",
                planned, " = ", dtype_name(dtype));
@@ -114,20 +102,22 @@ void check_rows_tensor(const char* name, const TensorView& t, DType dtype, const
   validate::dim(name, t, 1, heads, heads_what);
   validate::dim(name, t, 2, dim, dim_what);
   validate::last_dim_contiguous(name, t);
-  (void)dev;  // devices are checked after every shape (check_run_devices)
   KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
 }
 
-// q decides where run() computes: on the host (the CPU backend runs any plan), or on the CUDA
-// device of a GPU plan's workspace. A q anywhere else is the argument to blame.
+// A plan computes where it was made for: on the host, or on the CUDA device of its workspace. A q
+// anywhere else is the argument to blame.
 void check_run_device(const AttentionPlan& plan, const TensorView& q) {
   validate::defined("q", q);
-  if (q.device().is_cpu()) return;
-  const Device planned = plan.workspace.defined() ? plan.workspace.device() : Device::cpu();
-  KVATTN_CHECK(q.device() == planned, "q is on ", q.device().str(), " but ", plan.api, " was planned ",
-               planned.is_cpu() ? std::string("for the CPU (no CUDA workspace); pass host (cpu) tensors or "
-                                              "give the wrapper a CUDA workspace")
-                                : "with a workspace on " + planned.str());
+  if (!plan.gpu) {
+    KVATTN_CHECK(q.device().is_cpu(), "q is on ", q.device().str(), " but ", plan.api,
+                 " was planned for the CPU (no CUDA workspace); pass host (cpu) tensors or give the "
+                 "wrapper a CUDA workspace");
+    return;
+  }
+  KVATTN_CHECK(q.device() == plan.workspace.device(), "q is on ", q.device().str(), " but ", plan.api,
+               " was planned with a workspace on ", plan.workspace.device().str(),
+               "; a plan runs where it was made for");
 }
 
 // The aliasing rules of kvattn/attention.h: out and lse are free of self-overlap and share no
@@ -173,9 +163,9 @@ void check_query_output(const AttentionPlan& plan, const TensorView& q, const Te
                           : plan.kind == KVKind::block_sparse ? "bsr M"
                                                               : "qo_indptr[-1]";
   check_rows_tensor("q", q, s.q_dtype, "q_dtype", rows, rows_what, s.num_qo_heads,
-                    "num_qo_heads", s.head_dim_qk, "head_dim_qk", q.device());
+                    "num_qo_heads", s.head_dim_qk, "head_dim_qk");
   check_rows_tensor("out", out, s.o_dtype, "o_dtype", rows, rows_what, s.num_qo_heads,
-                    "num_qo_heads", s.head_dim_vo, "head_dim_vo", q.device());
+                    "num_qo_heads", s.head_dim_vo, "head_dim_vo");
   if (lse.defined()) {
     KVATTN_CHECK(!s.variant.sigmoid, "lse was requested but sigmoid attention has no lse");
     validate::ndim("lse", lse, 2);
@@ -186,37 +176,7 @@ void check_query_output(const AttentionPlan& plan, const TensorView& q, const Te
   }
 }
 
-// Checks q, out and lse against the plan and fills the query/output part of the CPU problem.
-cpu::EngineProblem begin_problem(const AttentionPlan& plan, const TensorView& q,
-                                 const TensorView& out, const TensorView& lse) {
-  check_query_output(plan, q, out, lse);
-  check_backend(q);
-  const auto& s = plan.shape;
-  cpu::EngineProblem p;
-  p.num_qo_heads = s.num_qo_heads;
-  p.num_kv_heads = s.num_kv_heads;
-  p.head_dim_qk = s.head_dim_qk;
-  p.head_dim_vo = s.head_dim_vo;
-  p.q = static_cast<const char*>(q.data());
-  p.q_dtype = q.dtype();
-  p.q_row_stride = q.stride(0);
-  p.q_head_stride = q.stride(1);
-  p.out = static_cast<char*>(out.data());
-  p.o_dtype = out.dtype();
-  p.o_row_stride = out.stride(0);
-  p.o_head_stride = out.stride(1);
-  if (lse.defined()) {
-    p.lse = lse.data_as<float>();
-    p.lse_row_stride = lse.stride(0);
-    p.lse_head_stride = lse.stride(1);
-  }
-  p.kv_dtype = s.kv_dtype;
-  p.variant = plan.variant;
-  return p;
-}
-
-void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayout layout,
-                       Device dev) {
+void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayout layout) {
   KVATTN_CHECK(plan.kind == KVKind::paged,
                "run() was given a paged KV cache but the plan was made for ragged k and v");
   const auto& s = plan.shape;
@@ -228,8 +188,7 @@ void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayo
     KVATTN_CHECK(t.dtype() == s.kv_dtype, name, " has dtype ", dtype_name(t.dtype()),
                  " but the plan was made for kv_dtype = ", dtype_name(s.kv_dtype));
     validate::last_dim_contiguous(name, t);
-    (void)dev;  // devices are checked after every shape (check_run_devices)
-    KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
+      KVATTN_CHECK(t.numel() == 0 || t.data() != nullptr, name, " has a null data pointer");
   }
   int tok_dim = layout == KVLayout::NHD ? 1 : 2, head_dim = layout == KVLayout::NHD ? 2 : 1;
   validate::dim("paged k", kv.k, tok_dim, plan.page_size, "page_size");
@@ -241,32 +200,6 @@ void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayo
   validate::dim("paged v", kv.v, 0, kv.k.size(0), "paged k.shape[0] (num_pages)");
   KVATTN_CHECK(plan.max_page_index < kv.num_pages(), "kv_indices[", plan.max_page_pos, "] = ",
                plan.max_page_index, " is out of range [0, ", kv.num_pages(), ")");
-}
-
-void add_paged_segments(const AttentionPlan& plan, const PagedKVCache& kv, cpu::EngineProblem& p) {
-  p.k_token_stride = kv.k_token_stride();
-  p.k_head_stride = kv.k_head_stride();
-  p.v_token_stride = kv.v_token_stride();
-  p.v_head_stride = kv.v_head_stride();
-  const int64_t esz = int64_t(dtype_size(kv.k.dtype()));
-  for (int64_t b = 0; b < plan.batch_size(); ++b) {
-    cpu::EngineRequest r;
-    r.q_row0 = plan.qo_indptr[b];
-    r.qo_len = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
-    r.kv_len = plan.kv_len[size_t(b)];
-    r.q_pos0 = r.kv_len - r.qo_len;
-    r.seg_begin = int64_t(p.segments.size());
-    int64_t n_pages = plan.kv_indptr[b + 1] - plan.kv_indptr[b];
-    for (int64_t j = 0; j < n_pages; ++j) {
-      int64_t page = plan.kv_indices[size_t(plan.kv_indptr[b] + j)];
-      int32_t n = j + 1 == n_pages ? plan.last_page_len[b] : plan.page_size;
-      p.segments.push_back({static_cast<const char*>(kv.k.data()) + page * kv.k.stride(0) * esz,
-                            static_cast<const char*>(kv.v.data()) + page * kv.v.stride(0) * esz, n,
-                            j * plan.page_size, j * plan.page_size});
-    }
-    r.seg_end = int64_t(p.segments.size());
-    p.requests.push_back(r);
-  }
 }
 
 // qo_indptr for a batch whose size the KV side set (`kv_what` names the array that did); every
@@ -296,180 +229,60 @@ void check_kv_lengths(const AttentionPlan& plan) {
                  ", more than the limit of ", kMaxKVLen, " tokens (kvattn/plan.h)");
 }
 
-// ---- CPU schedule -------------------------------------------------------------------------------
-// The CPU backend's plan: query tiles of the engine's kQueryTile rows; KV chunks of whole pages
-// (paged) or whole column blocks (BSR), at least 64 tokens; causal masks and sliding windows
-// shrink the work of paged and ragged KV (BSR's KV indices are not positions, so its work is not
-// shrunk; the engine still applies every mask); workers: the CPU threads unless given.
-Plan cpu_schedule(const AttentionPlan& plan, const SchedulerOptions& scheduler) {
-  std::vector<int32_t> kv_len(plan.kv_len.size());
-  for (size_t b = 0; b < kv_len.size(); ++b) {
-    KVATTN_CHECK(plan.kv_len[b] <= std::numeric_limits<int32_t>::max(), "request ", b, " has ",
-                 plan.kv_len[b], " KV tokens, more than the planner's int32 limit");
-    kv_len[b] = int32_t(plan.kv_len[b]);
-  }
+// Ragged and block-sparse k [rows, Hkv, Dqk] and v [rows, Hkv, Dvo].
+void check_kv_rows(const AttentionPlan& plan, const TensorView& k, const TensorView& v) {
   const auto& s = plan.shape;
-  PlannerInputs in;
-  in.qo_indptr = plan.qo_indptr;
-  in.kv_len = kv_len;
-  in.num_qo_heads = s.num_qo_heads;
-  in.num_kv_heads = s.num_kv_heads;
-  in.head_dim_qk = s.head_dim_qk;
-  in.head_dim_vo = s.head_dim_vo;
-  const int64_t granule = plan.kind == KVKind::paged          ? plan.page_size
-                          : plan.kind == KVKind::block_sparse ? plan.bsr_C
-                                                              : 1;
-  in.tile.query_tokens = int(cpu::kQueryTile);
-  in.tile.kv_tokens = int(std::min<int64_t>(granule * ((64 + granule - 1) / granule),
-                                            std::numeric_limits<int32_t>::max()));
-  if (plan.kind != KVKind::block_sparse) {
-    in.causal = s.variant.causal;
-    in.window_left = s.variant.window_left;
-  }
-  SchedulerOptions opt = scheduler;
-  if (opt.num_workers == 0) opt.num_workers = cpu::ThreadPool::global().num_threads();
-  opt.slice_zero_only = false;  // the executor runs every worker's list
-  return make_plan(in, opt);
+  const bool bsr = plan.kind == KVKind::block_sparse;
+  const int64_t rows = bsr ? plan.bsr_N : plan.kv_indptr.back();
+  const char* rows_what = bsr ? "bsr N" : "kv_indptr[-1]";
+  check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", rows, rows_what, s.num_kv_heads, "num_kv_heads",
+                    s.head_dim_qk, "head_dim_qk");
+  check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", rows, rows_what, s.num_kv_heads, "num_kv_heads",
+                    s.head_dim_vo, "head_dim_vo");
 }
 
-void plan_cpu(AttentionPlan& plan, const SchedulerOptions& scheduler) {
+// Every run(): the shapes and dtypes of q, out, lse and the KV tensors, then the devices and the
+// aliasing rules, then the backend the plan was made for.
+void check_and_run(const AttentionPlan& plan, const detail::RunTensors& t, KVLayout layout,
+                   const TensorView& workspace, void* stream) {
+  check_query_output(plan, t.q, t.out, t.lse);
+  if (t.paged)
+    check_paged_cache(plan, *t.paged, layout);
+  else
+    check_kv_rows(plan, t.k, t.v);
+  check_run_aliasing(plan, t.q, t.paged ? t.paged->k : t.k, t.paged ? t.paged->v : t.v, t.out, t.lse);
+  if (plan.gpu)
+    plan.gpu->run(plan, t, stream);
+  else
+    detail::run_on_cpu(plan, t, workspace);
+}
+
+bool is_gpu_workspace(const TensorView& workspace) {
+  return workspace.defined() && !workspace.device().is_cpu();
+}
+
+// The backend half of a validated plan: the GPU's for a CUDA workspace, else the CPU's schedule.
+void plan_backend(AttentionPlan& plan, const AttentionPlan* previous, detail::GpuKernels kernels,
+                  std::span<const int32_t> host_kv_indices, const SchedulerOptions& scheduler, void* stream) {
   plan.scheduler = scheduler;
-  plan.cpu_work = cpu_schedule(plan, scheduler);
+  if (is_gpu_workspace(plan.workspace))
+    plan.gpu = detail::plan_on_gpu(plan, previous ? previous->gpu.get() : nullptr, kernels, host_kv_indices,
+                                   plan.workspace, scheduler, stream);
+  else
+    plan.cpu_work = detail::cpu_schedule(plan, scheduler);
 }
 
-// Runs the plan's CPU schedule (made now if plan() scheduled for the GPU only). The partial
-// states of split rows go to the workspace when it is a large enough host buffer, else to memory
-// allocated here.
-void run_cpu(const AttentionPlan& plan, const cpu::EngineProblem& p, const TensorView& workspace) {
-  std::optional<Plan> local;
-  const Plan& work =
-      plan.cpu_work ? *plan.cpu_work : local.emplace(cpu_schedule(plan, plan.scheduler));
-  std::span<float> scratch;
-  const int64_t need = cpu::plan_scratch_floats(work, p.head_dim_vo);
-  const bool host_buffer = workspace.defined() && workspace.device().is_cpu() &&
-                           workspace.is_contiguous() && workspace.data() != nullptr &&
-                           reinterpret_cast<uintptr_t>(workspace.data()) % alignof(float) == 0;
-  if (need > 0 && host_buffer) {
-    const int64_t floats = workspace.numel() * int64_t(dtype_size(workspace.dtype())) / 4;
-    if (floats >= need) scratch = {static_cast<float*>(workspace.data()), size_t(floats)};
-  }
-  cpu::run_plan(p, work, scratch);
+const Plan* schedule_of(const std::unique_ptr<AttentionPlan>& plan) {
+  if (!plan) return nullptr;
+  if (plan->gpu) return &plan->gpu->schedule();
+  return plan->cpu_work ? &*plan->cpu_work : nullptr;
 }
 
-// ---- GPU decode -------------------------------------------------------------------------------
-// BatchDecode's choice between the decode kernels and the prefill kernels
-// (cuda::decode_uses_prefill_kernels documents the heuristic).
-bool decode_on_prefill_kernels(const AttentionPlan& plan, const TensorView& workspace) {
-#if KVATTN_WITH_CUDA
-  validate::gpu_workspace(workspace);
-  const auto& s = plan.shape;
-  const int device = workspace.device().index;
-  const cuda::DeviceLimits limits = cuda::decode_device_limits(device);  // throws without a CUDA device
-  cuda::DecodeBatchShape batch;
-  batch.kv_len = plan.kv_len;
-  batch.num_kv_heads = s.num_kv_heads;
-  batch.cuda_graph = plan.scheduler.cuda_graph.has_value();
-  cuda::DecodeProblemKey key;
-  key.q_dtype = s.q_dtype;
-  key.kv_dtype = s.kv_dtype;
-  key.o_dtype = s.o_dtype;
-  key.head_dim_qk = s.head_dim_qk;
-  key.head_dim_vo = s.head_dim_vo;
-  key.group_size = s.num_qo_heads / s.num_kv_heads;
-  key.page_size = plan.page_size;
-  key.features = plan.variant.features;
-  return cuda::decode_uses_prefill_kernels(key, limits, detail::active_overrides(), batch);
-#else
-  (void)plan; (void)workspace;
-  return false;  // plan_decode_gpu says why there is no GPU path
-#endif
+void check_errors_of(const std::unique_ptr<AttentionPlan>& plan, const char* who, void* stream) {
+  check_plan(plan, who, "check_errors");
+  if (plan->gpu) plan->gpu->check_errors(stream);
 }
 
-void plan_decode_gpu(AttentionPlan& plan, const AttentionPlan* previous, const TensorView& workspace,
-                     const validate::PageTableInfo& table, const SchedulerOptions& scheduler,
-                     void* stream) {
-#if KVATTN_WITH_CUDA
-  validate::gpu_workspace(workspace);
-  plan.gpu_decode = previous && previous->gpu_decode   ? previous->gpu_decode
-                    : previous && previous->spare_decode ? previous->spare_decode
-                                                         : std::make_shared<cuda::DecodeRunner>();
-  if (previous) plan.spare_prefill = previous->gpu_prefill ? previous->gpu_prefill : previous->spare_prefill;
-  std::vector<int32_t> kv_len(plan.kv_len.begin(), plan.kv_len.end());
-  cuda::DecodeProblem pr;
-  const auto& s = plan.shape;
-  pr.num_qo_heads = s.num_qo_heads;
-  pr.num_kv_heads = s.num_kv_heads;
-  pr.head_dim_qk = s.head_dim_qk;
-  pr.head_dim_vo = s.head_dim_vo;
-  pr.page_size = plan.page_size;
-  pr.q_dtype = s.q_dtype;
-  pr.kv_dtype = s.kv_dtype;
-  pr.o_dtype = s.o_dtype;
-  pr.variant = plan.variant;
-  pr.kv_indptr = plan.kv_indptr;
-  pr.kv_indices = table.indices;
-  pr.device_kv_indices = table.device_indices;
-  pr.kv_len = kv_len;
-  pr.scheduler = scheduler;
-  plan.gpu_decode->plan(pr, workspace.data(), workspace.numel() * int64_t(dtype_size(workspace.dtype())),
-                        workspace.device().index, static_cast<cudaStream_t>(stream));
-#else
-  (void)plan; (void)previous; (void)table; (void)scheduler; (void)stream;
-  detail::throw_error("the workspace is on ", workspace.device().str(),
-                      " but this build of kvattn has no CUDA backend");
-#endif
-}
-
-void run_decode_gpu(const AttentionPlan& plan, const TensorView& q, const PagedKVCache& kv,
-                    KVLayout layout, const TensorView& out, const TensorView& lse, void* stream) {
-  check_query_output(plan, q, out, lse);
-  check_paged_cache(plan, kv, layout, q.device());
-  check_run_aliasing(plan, q, kv.k, kv.v, out, lse);
-  // The kernels copy K/V rows with 16-byte asynchronous copies.
-  const int64_t esz = int64_t(dtype_size(kv.k.dtype()));
-  for (const auto& [name, t] : {std::pair{"paged k", kv.k}, std::pair{"paged v", kv.v}}) {
-    const auto addr = reinterpret_cast<uintptr_t>(t.data());
-    KVATTN_CHECK(addr % 16 == 0, name, " starts at an address that is not 16-byte aligned (", t.describe(),
-                 "); the GPU decode kernels copy 16-byte pieces of each row");
-    for (int d = 0; d < 3; ++d)
-      KVATTN_CHECK((t.stride(d) * esz) % 16 == 0 || t.size(d) == 1, name, ".stride(", d, ") = ", t.stride(d),
-                   " elements is not a multiple of 16 bytes (", t.describe(),
-                   "); the GPU decode kernels copy 16-byte pieces of each row");
-  }
-#if KVATTN_WITH_CUDA
-  if (plan.gpu_prefill) {  // decode on the prefill kernels: one query per request
-    detail::run_prefill_gpu(plan, q, &kv, nullptr, nullptr, out, lse, stream, "BatchDecode");
-    return;
-  }
-  KVATTN_CHECK(plan.gpu_decode != nullptr, "q is on ", q.device().str(),
-               " but BatchDecode was planned for the CPU (give it a CUDA workspace)");
-  cuda::DecodeTensors t{};
-  t.q = q.data();
-  t.q_stride_n = q.stride(0);
-  t.q_stride_h = q.stride(1);
-  t.o = out.data();
-  t.o_stride_n = out.stride(0);
-  t.o_stride_h = out.stride(1);
-  if (lse.defined()) {
-    t.lse = lse.data_as<float>();
-    t.lse_stride_n = lse.stride(0);
-    t.lse_stride_h = lse.stride(1);
-  }
-  t.k = kv.k.data();
-  t.v = kv.v.data();
-  t.num_pages = kv.num_pages();
-  t.k_stride_page = kv.k.stride(0);
-  t.k_stride_token = kv.k_token_stride();
-  t.k_stride_head = kv.k_head_stride();
-  t.v_stride_page = kv.v.stride(0);
-  t.v_stride_token = kv.v_token_stride();
-  t.v_stride_head = kv.v_head_stride();
-  plan.gpu_decode->run(t, static_cast<cudaStream_t>(stream));
-#else
-  (void)stream;
-  check_backend(q);
-#endif
-}
 }  // namespace
 
 // ---- BatchDecode --------------------------------------------------------------------------------
@@ -498,73 +311,44 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
+  using detail::GpuKernels;
+  GpuKernels kernels = GpuKernels::decode;
   if (gpu) {
     plan->scheduler = params.scheduler;
     check_table_device(table, workspace_);
-    const bool on_prefill = decode_on_prefill_kernels(*plan, workspace_);
+    kernels = detail::decode_kernels_for(*plan, workspace_);
     // Only a switch between two graph-mode plans can break a captured run(); an eager plan before
     // (sm_90's long batches run on the prefill kernels) captured nothing.
-#if KVATTN_WITH_CUDA  // (without the CUDA backend the plan has no GPU runners; plan_decode_gpu throws)
-    KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !plan_->scheduler.cuda_graph ||
-                     !(plan_->gpu_prefill || plan_->gpu_decode) || (plan_->gpu_prefill != nullptr) == on_prefill,
+    const bool on_prefill = kernels == GpuKernels::prefill;
+    KVATTN_CHECK(!params.scheduler.cuda_graph || !plan_ || !plan_->scheduler.cuda_graph || !plan_->gpu ||
+                     plan_->gpu->kernels() == kernels,
                  "BatchDecode in CUDA-graph mode cannot move from the ", on_prefill ? "decode" : "prefill",
                  " kernels to the ", on_prefill ? "prefill" : "decode",
                  " kernels between plans (a captured run() replays the kernels it captured); "
                  "KVATTN_DECODE_KERNEL changed");
-#endif
-    if (on_prefill) {
-      plan->kv_indices.assign(table.indices.begin(), table.indices.end());
-      detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
-    } else {
-      plan_decode_gpu(*plan, plan_.get(), workspace_, table, params.scheduler, stream);
-    }
-  } else {
-    plan_cpu(*plan, params.scheduler);
+    // The prefill runner stages the host page ids from the plan (the decode runner from the table).
+    if (on_prefill) plan->kv_indices.assign(table.indices.begin(), table.indices.end());
   }
+  plan_backend(*plan, plan_.get(), kernels, kernels == GpuKernels::prefill ? plan->kv_indices : table.indices,
+               params.scheduler, stream);
   plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, void* stream) const {
   check_plan(plan_, "BatchDecode");
-  if (!q.device().is_cpu()) {
-    run_decode_gpu(*plan_, q, kv, kv_layout_, out, lse, stream);
-    return;
-  }
-  cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
-  check_paged_cache(*plan_, kv, kv_layout_, q.device());
-  check_run_aliasing(*plan_, q, kv.k, kv.v, out, lse);
-  add_paged_segments(*plan_, kv, p);
-  run_cpu(*plan_, p, workspace_);
+  check_and_run(*plan_, {.q = q, .out = out, .lse = lse, .paged = &kv}, kv_layout_, workspace_, stream);
 }
 
 std::string_view BatchDecode::kernel_family() const {
   if (!plan_) return {};
-#if KVATTN_WITH_CUDA
-  if (plan_->gpu_prefill) return "prefill";
-  if (plan_->gpu_decode) return "decode";
-#endif
-  return "cpu";
+  if (!plan_->gpu) return "cpu";
+  return plan_->gpu->kernels() == detail::GpuKernels::prefill ? "prefill" : "decode";
 }
 
-void BatchDecode::check_errors(void* stream) const {
-  check_plan(plan_, "BatchDecode", "check_errors");
-#if KVATTN_WITH_CUDA
-  if (plan_->gpu_decode) plan_->gpu_decode->check_errors(static_cast<cudaStream_t>(stream));
-  if (plan_->gpu_prefill) plan_->gpu_prefill->check_errors(static_cast<cudaStream_t>(stream));
-#else
-  (void)stream;
-#endif
-}
+void BatchDecode::check_errors(void* stream) const { check_errors_of(plan_, "BatchDecode", stream); }
 
-const Plan* BatchDecode::schedule() const {
-  if (!plan_) return nullptr;
-#if KVATTN_WITH_CUDA
-  if (plan_->gpu_decode) return &plan_->gpu_decode->schedule();
-  if (plan_->gpu_prefill) return &plan_->gpu_prefill->schedule();
-#endif
-  return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
-}
+const Plan* BatchDecode::schedule() const { return schedule_of(plan_); }
 
 // ---- BatchPrefill -------------------------------------------------------------------------------
 BatchPrefill::BatchPrefill(TensorView workspace, KVLayout kv_layout)
@@ -604,95 +388,27 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   plan_qo_indptr(*plan, params.qo_indptr, params.page_table ? "kv_indptr (page table)" : "kv_indptr");
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchPrefill");
-  if (workspace_.defined() && !workspace_.device().is_cpu()) {
-    plan->scheduler = params.scheduler;
-    detail::plan_prefill_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
-  } else {
-    plan_cpu(*plan, params.scheduler);
-  }
+  plan_backend(*plan, plan_.get(), detail::GpuKernels::prefill, plan->kv_indices, params.scheduler, stream);
   plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
 void BatchPrefill::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                        const TensorView& lse, void* stream) const {
   check_plan(plan_, "BatchPrefill");
-  if (!q.device().is_cpu()) {
-    check_query_output(*plan_, q, out, lse);
-    check_paged_cache(*plan_, kv, kv_layout_, q.device());
-    check_run_aliasing(*plan_, q, kv.k, kv.v, out, lse);
-    detail::run_prefill_gpu(*plan_, q, &kv, nullptr, nullptr, out, lse, stream);
-    return;
-  }
-  cpu::EngineProblem p = begin_problem(*plan_, q, out, lse);
-  check_paged_cache(*plan_, kv, kv_layout_, q.device());
-  check_run_aliasing(*plan_, q, kv.k, kv.v, out, lse);
-  add_paged_segments(*plan_, kv, p);
-  run_cpu(*plan_, p, workspace_);
+  check_and_run(*plan_, {.q = q, .out = out, .lse = lse, .paged = &kv}, kv_layout_, workspace_, stream);
 }
 
 void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorView& v,
                        const TensorView& out, const TensorView& lse, void* stream) const {
   check_plan(plan_, "BatchPrefill");
-  const AttentionPlan& plan = *plan_;
-  KVATTN_CHECK(plan.kind == KVKind::ragged,
+  KVATTN_CHECK(plan_->kind == KVKind::ragged,
                "run() was given ragged k and v but the plan was made for a paged KV cache");
-  const auto& s = plan.shape;
-  int64_t nnz = plan.kv_indptr.back();
-  if (!q.device().is_cpu()) {
-    check_query_output(plan, q, out, lse);
-    check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
-                      "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
-    check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
-                      "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
-    check_run_aliasing(plan, q, k, v, out, lse);
-    detail::run_prefill_gpu(plan, q, nullptr, &k, &v, out, lse, stream);
-    return;
-  }
-  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
-  check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
-                    "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
-  check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", nnz, "kv_indptr[-1]", s.num_kv_heads,
-                    "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
-  check_run_aliasing(plan, q, k, v, out, lse);
-  p.k_token_stride = k.stride(0);
-  p.k_head_stride = k.stride(1);
-  p.v_token_stride = v.stride(0);
-  p.v_head_stride = v.stride(1);
-  const int64_t esz = int64_t(dtype_size(k.dtype()));
-  for (int64_t b = 0; b < plan.batch_size(); ++b) {
-    cpu::EngineRequest r;
-    r.q_row0 = plan.qo_indptr[b];
-    r.qo_len = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
-    r.kv_len = plan.kv_len[size_t(b)];
-    r.q_pos0 = r.kv_len - r.qo_len;
-    r.seg_begin = int64_t(p.segments.size());
-    if (r.kv_len > 0)
-      p.segments.push_back(
-          {static_cast<const char*>(k.data()) + plan.kv_indptr[b] * k.stride(0) * esz,
-           static_cast<const char*>(v.data()) + plan.kv_indptr[b] * v.stride(0) * esz,
-           int32_t(r.kv_len), 0, 0});
-    r.seg_end = int64_t(p.segments.size());
-    p.requests.push_back(r);
-  }
-  run_cpu(plan, p, workspace_);
+  check_and_run(*plan_, {.q = q, .out = out, .lse = lse, .k = k, .v = v}, kv_layout_, workspace_, stream);
 }
 
-void BatchPrefill::check_errors(void* stream) const {
-  check_plan(plan_, "BatchPrefill", "check_errors");
-#if KVATTN_WITH_CUDA
-  if (plan_->gpu_prefill) plan_->gpu_prefill->check_errors(static_cast<cudaStream_t>(stream));
-#else
-  (void)stream;
-#endif
-}
+void BatchPrefill::check_errors(void* stream) const { check_errors_of(plan_, "BatchPrefill", stream); }
 
-const Plan* BatchPrefill::schedule() const {
-  if (!plan_) return nullptr;
-#if KVATTN_WITH_CUDA
-  if (plan_->gpu_prefill) return &plan_->gpu_prefill->schedule();
-#endif
-  return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
-}
+const Plan* BatchPrefill::schedule() const { return schedule_of(plan_); }
 
 // ---- BlockSparseAttention -----------------------------------------------------------------------
 BlockSparseAttention::BlockSparseAttention(TensorView workspace) : workspace_(workspace) {}
@@ -754,66 +470,16 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   for (int64_t br = 0; br < row_blocks; ++br)
     plan->kv_len.push_back(int64_t(ind[br + 1] - ind[br]) * m.C);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BlockSparseAttention");
-  if (workspace_.defined() && !workspace_.device().is_cpu()) {
-    plan->scheduler = params.scheduler;
-    detail::plan_block_sparse_gpu(*plan, plan_.get(), workspace_, params.scheduler, stream);
-  } else {
-    plan_cpu(*plan, params.scheduler);
-  }
+  plan_backend(*plan, plan_.get(), detail::GpuKernels::prefill, plan->kv_indices, params.scheduler, stream);
   plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
 }
 
 void BlockSparseAttention::run(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const TensorView& lse, void* stream) const {
   check_plan(plan_, "BlockSparseAttention");
-  const AttentionPlan& plan = *plan_;
-  const auto& s = plan.shape;
-  auto check_kv = [&] {
-    check_rows_tensor("k", k, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
-                      "num_kv_heads", s.head_dim_qk, "head_dim_qk", q.device());
-    check_rows_tensor("v", v, s.kv_dtype, "kv_dtype", plan.bsr_N, "bsr N", s.num_kv_heads,
-                      "num_kv_heads", s.head_dim_vo, "head_dim_vo", q.device());
-  };
-  if (!q.device().is_cpu()) {
-    check_query_output(plan, q, out, lse);
-    check_kv();
-    check_run_aliasing(plan, q, k, v, out, lse);
-    detail::run_block_sparse_gpu(plan, workspace_.device(), q, k, v, out, lse, stream);
-    return;
-  }
-  cpu::EngineProblem p = begin_problem(plan, q, out, lse);
-  check_kv();
-  check_run_aliasing(plan, q, k, v, out, lse);
-  p.k_token_stride = k.stride(0);
-  p.k_head_stride = k.stride(1);
-  p.v_token_stride = v.stride(0);
-  p.v_head_stride = v.stride(1);
-  const int64_t esz = int64_t(dtype_size(k.dtype()));
-  for (int64_t br = 0; br < plan.batch_size(); ++br) {
-    cpu::EngineRequest r;
-    r.q_row0 = br * plan.bsr_R;
-    r.qo_len = plan.bsr_R;
-    r.kv_len = plan.kv_len[size_t(br)];
-    r.q_pos0 = r.q_row0 + plan.bsr_N - plan.bsr_M;
-    r.seg_begin = int64_t(p.segments.size());
-    for (int32_t j = plan.kv_indptr[br]; j < plan.kv_indptr[br + 1]; ++j) {
-      int64_t col0 = int64_t(plan.kv_indices[size_t(j)]) * plan.bsr_C;
-      p.segments.push_back({static_cast<const char*>(k.data()) + col0 * k.stride(0) * esz,
-                            static_cast<const char*>(v.data()) + col0 * v.stride(0) * esz,
-                            int32_t(plan.bsr_C), (j - plan.kv_indptr[br]) * plan.bsr_C, col0});
-    }
-    r.seg_end = int64_t(p.segments.size());
-    p.requests.push_back(r);
-  }
-  run_cpu(plan, p, workspace_);
+  check_and_run(*plan_, {.q = q, .out = out, .lse = lse, .k = k, .v = v}, KVLayout::NHD, workspace_, stream);
 }
 
-const Plan* BlockSparseAttention::schedule() const {
-  if (!plan_) return nullptr;
-#if KVATTN_WITH_CUDA
-  if (plan_->gpu_prefill) return &plan_->gpu_prefill->schedule();
-#endif
-  return plan_->cpu_work ? &*plan_->cpu_work : nullptr;
-}
+const Plan* BlockSparseAttention::schedule() const { return schedule_of(plan_); }
 
 }  // namespace kvattn
