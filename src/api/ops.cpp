@@ -7,7 +7,8 @@
 // - append_paged_kv_cache: append_k/append_v may have a dtype other than the cache's; values are
 //   converted (round to nearest even; fp8 saturates at its largest finite value, no scaling).
 //   Same dtypes copy bits. Two rows may not write the same cache slot.
-// - apply_rope: q_out/k_out have the dtypes of q/k; out may alias in (same pointer and strides).
+// - apply_rope, apply_rope_with_cos_sin_cache: q_out/k_out have the dtypes of q/k; out may alias in
+//   (same pointer and strides).
 // - CUDA tensors (merge ops, append): the host checks what it can without reading device memory
 //   (shapes, dtypes, devices, strides, element alignment); the append kernel guards the index
 //   arrays it reads (a row with an out-of-range index is skipped). Launches only: no allocation,
@@ -491,15 +492,17 @@ void append_paged_kv_cache(const TensorView& append_k, const TensorView& append_
 }
 
 // ---- RoPE ---------------------------------------------------------------------------------------
-void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
-                const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options,
-                void* stream) {
+namespace {
+
+// q [nnz, Hq, D], k [nnz, Hk, D] (f32/f16/bf16, head dim contiguous, on q's device) and q_out,
+// k_out (the dtypes and shapes of q and k). Returns q's device.
+Device check_rope_tensors(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                          const TensorView& k_out) {
   check_float_tensor("q", q, 3, q.device(), "q");
   const Device dev = q.device();
   check_float_tensor("k", k, 3, dev, "q");
-  const int64_t nnz = q.size(0), D = q.size(2);
-  validate::dim("k", k, 0, nnz, "q.shape[0] (nnz)");
-  validate::dim("k", k, 2, D, "q.shape[2] (head_dim)");
+  validate::dim("k", k, 0, q.size(0), "q.shape[0] (nnz)");
+  validate::dim("k", k, 2, q.size(2), "q.shape[2] (head_dim)");
   for (auto [name, out, in_name, in] : {std::tuple{"q_out", &q_out, "q", &q},
                                         std::tuple{"k_out", &k_out, "k", &k}}) {
     validate::ndim(name, *out, 3);
@@ -509,6 +512,32 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
     validate::same_device(name, *out, dev, "q");
     check_data(name, *out);
   }
+  return dev;
+}
+
+// q_out may be q itself and k_out k itself (in place); nothing else may share memory, so k_out
+// never overwrites q (or q_out k, or either the positions or the table) before it is read.
+void check_rope_outputs(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                        const TensorView& k_out, const TensorView& pos_ids,
+                        const TensorView& cos_sin_cache = {}) {
+  check_outputs({{"q_out", &q_out}, {"k_out", &k_out}},
+                {{"q", &q, "q_out"}, {"k", &k, "k_out"}, {"pos_ids", &pos_ids, ""},
+                 {"cos_sin_cache", &cos_sin_cache, ""}});
+}
+
+cpu::RopeSide cpu_rope_side(const TensorView& in, const TensorView& out) {
+  return cpu::RopeSide{static_cast<const char*>(in.data()), static_cast<char*>(out.data()),
+                       in.dtype(), in.stride(0), in.stride(1), out.stride(0), out.stride(1),
+                       int(in.size(1))};
+}
+
+}  // namespace
+
+void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options,
+                void* stream) {
+  const Device dev = check_rope_tensors(q, k, q_out, k_out);
+  const int64_t nnz = q.size(0), D = q.size(2);
   auto pos = validate::int32_array("pos_ids", pos_ids, nnz);
 
   const int rd = options.rotary_dim == 0 ? int(D) : options.rotary_dim;
@@ -541,10 +570,7 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
     vp.llama31_high_freq_factor = l.high_freq_factor;
     vp.llama31_original_max_position = l.original_max_position;
   }
-  // q_out may be q itself and k_out k itself (in place); nothing else may share memory, so k_out
-  // never overwrites q (or q_out k) before it is read.
-  check_outputs({{"q_out", &q_out}, {"k_out", &k_out}},
-                {{"q", &q, "q_out"}, {"k", &k, "k_out"}, {"pos_ids", &pos_ids, ""}});
+  check_rope_outputs(q, k, q_out, k_out, pos_ids);
 #if KVATTN_WITH_CUDA
   KVATTN_CHECK(dev.is_cpu(), "q is on ", dev.str(),
                " but apply_rope has no GPU implementation yet; pass host (cpu) tensors");
@@ -560,13 +586,50 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
   p.llama31 = options.llama31.has_value();
   p.params = vp;
   p.pos_ids = pos.data();
-  auto side = [](const TensorView& in, const TensorView& out) {
-    return cpu::RopeSide{static_cast<const char*>(in.data()), static_cast<char*>(out.data()),
-                         in.dtype(), in.stride(0), in.stride(1), out.stride(0), out.stride(1),
-                         int(in.size(1))};
-  };
-  p.q = side(q, q_out);
-  p.k = side(k, k_out);
+  p.q = cpu_rope_side(q, q_out);
+  p.k = cpu_rope_side(k, k_out);
+  cpu::rope(p);
+}
+
+void apply_rope_with_cos_sin_cache(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                                   const TensorView& k_out, const TensorView& pos_ids,
+                                   const TensorView& cos_sin_cache, bool interleave, void* stream) {
+  const Device dev = check_rope_tensors(q, k, q_out, k_out);
+  const int64_t nnz = q.size(0), D = q.size(2);
+  auto pos = validate::int32_array("pos_ids", pos_ids, nnz);
+
+  validate::ndim("cos_sin_cache", cos_sin_cache, 2);
+  validate::dtype("cos_sin_cache", cos_sin_cache, DType::f32);
+  validate::last_dim_contiguous("cos_sin_cache", cos_sin_cache);
+  validate::same_device("cos_sin_cache", cos_sin_cache, dev, "q");
+  check_data("cos_sin_cache", cos_sin_cache);
+  const int64_t max_pos = cos_sin_cache.size(0), rd = cos_sin_cache.size(1);
+  KVATTN_CHECK(rd >= 2 && rd % 2 == 0, "cos_sin_cache.shape[1] = ", rd,
+               " (rotary_dim: the cos of rotary_dim / 2 frequencies, then their sin) must be even "
+               "and >= 2");
+  KVATTN_CHECK(rd <= D, "cos_sin_cache.shape[1] = ", rd, " (rotary_dim) exceeds the head dim ", D);
+  for (int64_t r = 0; r < nnz; ++r)
+    KVATTN_CHECK(pos[size_t(r)] >= 0 && pos[size_t(r)] < max_pos, "pos_ids[", r, "] = ", pos[size_t(r)],
+                 " is out of range [0, ", max_pos, ") (the rows of cos_sin_cache)");
+  check_rope_outputs(q, k, q_out, k_out, pos_ids, cos_sin_cache);
+#if KVATTN_WITH_CUDA
+  KVATTN_CHECK(dev.is_cpu(), "q is on ", dev.str(),
+               " but apply_rope_with_cos_sin_cache has no GPU implementation yet; pass host (cpu) "
+               "tensors");
+#else
+  check_backend("q", q);
+#endif
+
+  cpu::RopeProblem p;
+  p.num_rows = nnz;
+  p.head_dim = int(D);
+  p.rotary_dim = int(rd);
+  p.interleave = interleave;
+  p.pos_ids = pos.data();
+  p.cos_sin = cos_sin_cache.data_as<const float>();
+  p.cos_sin_row = cos_sin_cache.stride(0);
+  p.q = cpu_rope_side(q, q_out);
+  p.k = cpu_rope_side(k, k_out);
   cpu::rope(p);
 }
 

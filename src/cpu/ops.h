@@ -80,12 +80,18 @@ struct RopeSide {
   int64_t in_row, in_head, out_row, out_head;
   int num_heads;
 };
+// Rotates the first rotary_dim elements of every head of row r by position pos_ids[r]; the rest of
+// the head is copied. cos/sin come from cos_sin when given (apply_rope_with_cos_sin_cache: row p at
+// cos_sin + p * cos_sin_row holds the cos of the rotary_dim / 2 frequencies, then their sin; the
+// positions already checked against its rows), else from the frequencies of `params` (apply_rope).
 struct RopeProblem {
   int64_t num_rows = 0;
   int head_dim = 0, rotary_dim = 0;
   bool interleave = false, llama31 = false;
   kernels::VariantParams params;  // rope_theta, rope_scale and the Llama 3.1 fields
   const int32_t* pos_ids = nullptr;
+  const float* cos_sin = nullptr;
+  int64_t cos_sin_row = 0;
   RopeSide q{}, k{};
 };
 void rope(const RopeProblem& p);
