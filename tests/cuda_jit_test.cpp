@@ -24,7 +24,7 @@
 #include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "cuda/runtime.h"
-#include "cuda/sha256.h"
+#include "core/sha256.h"
 #include "kvattn/error.h"
 #include "support/dtype_codec.h"
 #include "support/expect_error.h"
@@ -36,6 +36,7 @@ extern char** environ;
 namespace {
 namespace fs = std::filesystem;
 using namespace kvattn::cuda;
+using kvattn::detail::sha256_hex;
 using kvattn::DType;
 
 // A fresh, empty cache directory per test, removed afterwards.

@@ -3,8 +3,15 @@
 // src/kernels/variants/builtin.cuh; this struct only selects and parameterises it.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "kvattn/dtype.h"
+#include "kvattn/tensor.h"
 
 namespace kvattn {
 
@@ -23,6 +30,38 @@ struct RopeConfig {
   std::optional<Llama31Scaling> llama31;  // off: plain llama frequencies
 };
 
+// A user-written variant (docs/VARIANTS.md): C++ source that defines `struct Variant` with any of
+// the hooks logits_transform, logits_mask, output_transform, sink_logit and the constant
+// use_softmax, and the parameters the hooks read, declared once by name. It composes with the
+// built-in switches of the Variant that carries it (a user mask is ANDed with causal, window and
+// custom masks; the user transform follows soft-cap and ALiBi). Compiled at plan() by the system's
+// C++ compiler for the CPU backend and cached on disk by a hash of the source (the GPU kernels do
+// not take user variants yet: a CUDA plan with one is an error).
+struct CustomVariant {
+  struct TensorParam {
+    std::string name;
+    DType dtype = DType::f32;  // f32, i32 or u8
+    int ndim = 1;              // 1 to 4
+  };
+  std::string name = "custom";            // an identifier; names the source in compiler errors
+  std::string source;                     // defines struct Variant
+  std::vector<std::string> f32_params;    // float scalars, Params::<name>
+  std::vector<std::string> i32_params;    // int32_t scalars
+  std::vector<TensorParam> tensor_params; // kvattn::user::Tensor<T, ndim> Params::<name>
+
+  // Throws kvattn::Error naming the bad field (a name that is not an identifier, a repeat, ...).
+  void validate() const;
+};
+
+// The values of a CustomVariant's parameters for one plan: every declared one, nothing else.
+// Tensors are read by the hooks at run(): they must stay alive and unchanged until the last run()
+// of the plan, on the device the plan computes on.
+struct CustomValues {
+  std::vector<std::pair<std::string, float>> f32;
+  std::vector<std::pair<std::string, int32_t>> i32;
+  std::vector<std::pair<std::string, TensorView>> tensors;
+};
+
 struct Variant {
   bool causal = false;          // j <= p(i), aligned bottom-right
   int window_left = -1;         // sliding window: j >= p(i) - window_left; -1 off
@@ -34,6 +73,8 @@ struct Variant {
   std::optional<RopeConfig> rope;  // fused RoPE on q (pos p(i)) and k (pos j)
   std::optional<float> sm_scale;   // default 1 / sqrt(head_dim_qk)
   float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;  // fp8 dequantisation scales
+  std::shared_ptr<const CustomVariant> custom;  // a user-written variant; null: none
+  CustomValues custom_values;                   // its parameters' values
 
   // Fluent composition: variants::causal().with_soft_cap(30).with_window(4096)
   Variant with_causal(bool on = true) const { Variant v = *this; v.causal = on; return v; }
@@ -48,6 +89,12 @@ struct Variant {
   }
   Variant with_sigmoid(float bias = 0.0f) const {
     Variant v = *this; v.sigmoid = true; v.sigmoid_bias = bias; return v;
+  }
+  Variant with_custom(CustomVariant c, CustomValues values = {}) const {
+    Variant v = *this;
+    v.custom = std::make_shared<const CustomVariant>(std::move(c));
+    v.custom_values = std::move(values);
+    return v;
   }
 
   // "causal+window(4096)+soft_cap(30)"; "plain" when nothing is on.

@@ -13,6 +13,7 @@
 
 #include "core/attention_backend.h"
 #include "core/attention_plan.h"
+#include "core/custom_params.h"
 #include "core/overrides.h"
 #include "core/validate.h"
 
@@ -261,6 +262,15 @@ bool is_gpu_workspace(const TensorView& workspace) {
   return workspace.defined() && !workspace.device().is_cpu();
 }
 
+// A user variant's parameter values, checked and packed where the plan computes.
+void plan_custom_params(AttentionPlan& plan) {
+  const Variant& v = plan.shape.variant;
+  if (!v.custom) return;
+  const Device where = is_gpu_workspace(plan.workspace) ? plan.workspace.device() : Device::cpu();
+  plan.custom_params = detail::pack_custom_params(*v.custom, v.custom_values, where);
+  plan.variant.user_params = plan.custom_params.data();
+}
+
 // The backend half of a validated plan: the GPU's for a CUDA workspace, else the CPU's schedule.
 void plan_backend(AttentionPlan& plan, const AttentionPlan* previous, detail::GpuKernels kernels,
                   std::span<const int32_t> host_kv_indices, const SchedulerOptions& scheduler, void* stream) {
@@ -269,7 +279,7 @@ void plan_backend(AttentionPlan& plan, const AttentionPlan* previous, detail::Gp
     plan.gpu = detail::plan_on_gpu(plan, previous ? previous->gpu.get() : nullptr, kernels, host_kv_indices,
                                    plan.workspace, scheduler, stream);
   else
-    plan.cpu_work = detail::cpu_schedule(plan, scheduler);
+    detail::plan_on_cpu(plan, scheduler);
 }
 
 const Plan* schedule_of(const std::unique_ptr<AttentionPlan>& plan) {
@@ -303,6 +313,7 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
   plan->variant = detail::make_variant_params(plan->shape);
+  plan_custom_params(*plan);
   const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
   const auto table = plan_page_table(*plan, params.page_table, params.page_size, gpu);
   check_kv_lengths(*plan);
@@ -364,6 +375,7 @@ void BatchPrefill::plan(const BatchPrefillPlan& params, void* stream) {
   plan->workspace = workspace_;
   plan->shape = detail::resolve_shape(params);
   plan->variant = detail::make_variant_params(plan->shape);
+  plan_custom_params(*plan);
   if (params.page_table) {
     KVATTN_CHECK(!params.kv_indptr.defined(),
                  "give either kv_indptr (ragged KV) or page_table (paged KV), not both");
@@ -426,6 +438,8 @@ void BlockSparseAttention::plan(const BlockSparsePlan& params, void* stream) {
   KVATTN_CHECK(!params.variant.custom_mask,
                "custom_mask is not supported by BlockSparseAttention; the BSR is the mask");
   plan->variant = detail::make_variant_params(plan->shape);
+  plan->variant.one_sequence = 1;  // block rows are parts of one sequence (a user variant's batch 0)
+  plan_custom_params(*plan);
   const BSRMatrix& m = params.bsr;
   KVATTN_CHECK(m.R >= 1 && m.C >= 1, "bsr block size R x C = ", m.R, " x ", m.C,
                " must be at least 1 x 1");

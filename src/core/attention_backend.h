@@ -22,6 +22,8 @@ struct RunTensors {
 // ---- CPU backend (src/cpu/attention_backend.cpp) ------------------------------------------------
 // The schedule the CPU engine runs for `plan` (SchedulerOptions::num_workers 0: the CPU threads).
 Plan cpu_schedule(const AttentionPlan& plan, const SchedulerOptions& scheduler);
+// Completes `plan` for the CPU: a user variant compiled (or found in the cache), the schedule made.
+void plan_on_cpu(AttentionPlan& plan, const SchedulerOptions& scheduler);
 // Runs a plan made for the CPU (plan.cpu_work). Split rows keep their partial states in
 // `workspace` when it is a large enough host buffer.
 void run_on_cpu(const AttentionPlan& plan, const RunTensors& t, const TensorView& workspace);

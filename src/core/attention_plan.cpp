@@ -64,6 +64,7 @@ kernels::VariantParams make_variant_params(const ResolvedShape& s) {
   p.window_left = v.window_left;
   p.sigmoid_bias = v.sigmoid_bias;
   p.num_qo_heads = s.num_qo_heads;
+  p.num_kv_heads = s.num_kv_heads;
   if (v.rope) {
     p.features |= kRope;
     if (v.rope->interleave) p.features |= kRopeInterleave;

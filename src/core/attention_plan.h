@@ -48,6 +48,10 @@ struct AttentionPlan {
   // A device-resident page table (GPU paths only): read in place and checked by the kernels;
   // kv_indices is then empty. Null: host ids.
   const int32_t* device_kv_indices = nullptr;
+  // A user variant's packed parameters (core/custom_params.h; variant.user_params points here) and,
+  // on the CPU backend, its compiled engine entry points (cpu::VariantKernels).
+  std::vector<uint64_t> custom_params;
+  const void* cpu_user_kernels = nullptr;
   // The CPU backend's schedule (src/cpu/plan_executor.h) and the options it was made with.
   SchedulerOptions scheduler;
   std::optional<Plan> cpu_work;

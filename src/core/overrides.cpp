@@ -119,6 +119,9 @@ const std::vector<Entry>& entries() {
       {{"KVATTN_CACHE_DIR", "a directory", "JIT cache (default: $XDG_CACHE_HOME/kvattn or ~/.cache/kvattn)"},
        [](std::string_view, std::string_view, Overrides&) {},
        [](Overrides&) {}},
+      {{"KVATTN_CXX", "a command", "C++ compiler of user variants for the CPU backend (default: c++)"},
+       [](std::string_view, std::string_view, Overrides&) {},
+       [](Overrides&) {}},
       {{"KVATTN_TEST_SEED", "an unsigned integer", "replays a test run (the test binaries read it)"},
        [](std::string_view, std::string_view, Overrides&) {},
        [](Overrides&) {}},
@@ -255,6 +258,7 @@ std::optional<int> num_threads_setting() {
 }
 
 std::optional<std::string> cache_dir_setting() { return checked_setting("KVATTN_CACHE_DIR"); }
+std::optional<std::string> cxx_setting() { return checked_setting("KVATTN_CXX"); }
 
 std::optional<std::string> system_environment(const char* name) {
   auto v = read_env(name);

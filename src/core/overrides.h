@@ -66,6 +66,7 @@ void set_override(Overrides& o, std::string_view name, const char* value);
 // Settings that are not kernel choices, read through the same table (kvattn::Error for bad values).
 std::optional<int> num_threads_setting();        // KVATTN_NUM_THREADS
 std::optional<std::string> cache_dir_setting();  // KVATTN_CACHE_DIR
+std::optional<std::string> cxx_setting();        // KVATTN_CXX
 // A plain environment variable outside kvattn's (XDG_CACHE_HOME, HOME), for the cache directory.
 std::optional<std::string> system_environment(const char* name);
 

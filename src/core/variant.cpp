@@ -1,6 +1,8 @@
 #include "kvattn/variant.h"
 
 #include <cmath>
+#include <cctype>
+#include <set>
 #include <sstream>
 
 #include "kvattn/error.h"
@@ -25,6 +27,7 @@ std::string Variant::describe() const {
   if (sm_scale) sep() << "sm_scale(" << *sm_scale << ")";
   if (q_scale != 1 || k_scale != 1 || v_scale != 1)
     sep() << "scales(q=" << q_scale << ", k=" << k_scale << ", v=" << v_scale << ")";
+  if (custom) sep() << "custom(" << custom->name << ")";
   std::string s = os.str();
   return s.empty() ? "plain" : s;
 }
@@ -54,6 +57,38 @@ void Variant::validate() const {
                    "variant.rope.llama31: high_freq_factor = ", l.high_freq_factor,
                    " must be greater than low_freq_factor = ", l.low_freq_factor, " > 0");
     }
+  }
+  if (custom) custom->validate();
+}
+
+namespace {
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+}  // namespace
+
+void CustomVariant::validate() const {
+  KVATTN_CHECK(is_identifier(name), "custom variant name \"", name, "\" is not an identifier");
+  KVATTN_CHECK(!source.empty(), "custom variant ", name, " has an empty source");
+  std::set<std::string> seen;
+  auto add = [&](const std::string& param, const char* kind) {
+    KVATTN_CHECK(is_identifier(param), "custom variant ", name, ": ", kind, " parameter name \"", param,
+                 "\" is not an identifier");
+    KVATTN_CHECK(seen.insert(param).second, "custom variant ", name, ": parameter ", param,
+                 " is declared twice");
+  };
+  for (const auto& p : f32_params) add(p, "f32");
+  for (const auto& p : i32_params) add(p, "i32");
+  for (const auto& t : tensor_params) {
+    add(t.name, "tensor");
+    KVATTN_CHECK(t.dtype == DType::f32 || t.dtype == DType::i32 || t.dtype == DType::u8, "custom variant ",
+                 name, ": tensor parameter ", t.name, " has dtype ", dtype_name(t.dtype),
+                 " (f32, i32 or u8 are supported)");
+    KVATTN_CHECK(t.ndim >= 1 && t.ndim <= 4, "custom variant ", name, ": tensor parameter ", t.name,
+                 " has ndim = ", t.ndim, " (1 to 4 are supported)");
   }
 }
 

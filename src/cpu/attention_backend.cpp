@@ -11,6 +11,7 @@
 #include "cpu/attention_engine.h"
 #include "cpu/plan_executor.h"
 #include "cpu/thread_pool.h"
+#include "cpu/variant_compiler.h"
 #include "kvattn/error.h"
 
 namespace kvattn::detail {
@@ -159,8 +160,14 @@ Plan cpu_schedule(const AttentionPlan& plan, const SchedulerOptions& scheduler) 
   return make_plan(in, opt);
 }
 
+void plan_on_cpu(AttentionPlan& plan, const SchedulerOptions& scheduler) {
+  if (plan.shape.variant.custom) plan.cpu_user_kernels = &cpu::user_variant_kernels(*plan.shape.variant.custom);
+  plan.cpu_work = cpu_schedule(plan, scheduler);
+}
+
 void run_on_cpu(const AttentionPlan& plan, const RunTensors& t, const TensorView& workspace) {
   cpu::EngineProblem p = begin_problem(plan, t);
+  p.user_kernels = static_cast<const cpu::VariantKernels*>(plan.cpu_user_kernels);
   switch (plan.kind) {
     case KVKind::paged: add_paged_segments(plan, *t.paged, p); break;
     case KVKind::ragged: add_ragged_segments(plan, t.k, t.v, p); break;

@@ -29,6 +29,21 @@ struct EngineRequest {
   int64_t seg_begin, seg_end;
 };
 
+struct EngineProblem;
+struct WorkUnit;
+struct UnitState;
+
+// The engine's entry points for one variant type (cpu/engine_kernels.h instantiates them): the
+// built-in variant's are in the library; a user variant's come from the shared object its source
+// was compiled into (cpu/variant_compiler.h), which exports kvattn_cpu_variant_kernels().
+struct VariantKernels {
+  int abi_version;  // kVariantKernelsAbi of the compiling engine
+  void (*compute_unit)(const EngineProblem&, const WorkUnit&, const UnitState&);
+  void (*store_unit)(const EngineProblem&, const WorkUnit&, const UnitState&);
+  bool (*use_softmax)(const kernels::VariantParams&);
+};
+inline constexpr int kVariantKernelsAbi = 1;
+
 // Strides are in elements; the head dim is contiguous everywhere.
 struct EngineProblem {
   int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_vo = 0;
@@ -43,6 +58,7 @@ struct EngineProblem {
   float* lse = nullptr;  // optional
   int64_t lse_row_stride = 0, lse_head_stride = 0;
   kernels::VariantParams variant;
+  const VariantKernels* user_kernels = nullptr;  // a user variant's; null: the built-in variant
   std::vector<EngineRequest> requests;
   std::vector<KVSegment> segments;
 };
@@ -66,8 +82,11 @@ struct UnitState {
 
 // Computes a unit into `state` (scratch owned by the caller's thread).
 void compute_unit(const EngineProblem& p, const WorkUnit& unit, const UnitState& state);
-// Writes a unit's state to the problem's out (in o_dtype, times v_scale) and lse.
+// Writes a unit's state to the problem's out (in o_dtype, times v_scale; a user variant's sink and
+// output transform applied) and lse.
 void store_unit(const EngineProblem& p, const WorkUnit& unit, const UnitState& state);
+// Whether the problem's variant normalises with a softmax (else: no lse, partial sums add).
+bool uses_softmax(const EngineProblem& p);
 
 // Runs the whole problem without splitting KV: units of up to kQueryTile rows per request and KV
 // head, spread over the global thread pool.

@@ -7,7 +7,6 @@
 
 #include "core/convert.h"
 #include "cpu/thread_pool.h"
-#include "kernels/variants/builtin.cuh"
 #include "kvattn/error.h"
 
 namespace kvattn::cpu {
@@ -38,8 +37,7 @@ WorkUnit unit_of(int32_t request, int32_t kv_head, int32_t q_begin, int32_t q_en
 // Sigmoid attention has no softmax: the partial sums add.
 void merge_entry(const EngineProblem& p, const MergeEntry& m, const Partials& parts,
                  const UnitState& state) {
-  using Variant = kernels::BuiltinVariant<kernels::kDynamicFeatures>;
-  const bool softmax = Variant::use_softmax(p.variant);
+  const bool softmax = uses_softmax(p);
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int dvo = parts.dvo;
   const int64_t nq = int64_t(m.q_end - m.q_begin) * group;

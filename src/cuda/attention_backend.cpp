@@ -197,6 +197,9 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
                                      const TensorView& workspace, const SchedulerOptions& scheduler,
                                      void* stream) {
   validate::gpu_workspace(workspace);
+  KVATTN_CHECK(!plan.shape.variant.custom, plan.api, ": the user variant ", plan.shape.variant.custom->name,
+               " runs on the CPU backend only so far (the GPU kernels do not take user variants yet); plan "
+               "without a CUDA workspace, with host tensors");
   if (plan.kind == KVKind::block_sparse) lower_block_sparse(plan);
   auto gpu = std::make_unique<CudaPlan>();
   if (const auto* was = dynamic_cast<const CudaPlan*>(previous)) {

@@ -4,7 +4,7 @@
 
 #include "cuda/embedded_kernels.h"
 #include "cuda/runtime.h"
-#include "cuda/sha256.h"
+#include "core/sha256.h"
 #include "kvattn/error.h"
 #include "kvattn/version.h"
 

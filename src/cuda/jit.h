@@ -13,9 +13,16 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cuda/disk_cache.h"
+#include "core/disk_cache.h"
+#include "core/sha256.h"
 
 namespace kvattn::cuda {
+
+using detail::default_cache_dir;
+using detail::DiskCache;
+using detail::kDiskFormatVersion;
+using detail::Sha256;
+
 
 // Everything that determines one compiled kernel. Two specs with the same key compile to the same
 // cubin; `name` is for people (progress bar, errors) and is not part of the key.

@@ -60,6 +60,7 @@ MaskFn bsr_pattern(std::vector<int32_t> indptr, std::vector<int32_t> indices, in
 Result attention(const Request& r, const kvattn::Variant& var) {
   const int hq = r.num_qo_heads, hkv = r.num_kv_heads, dqk = r.head_dim_qk, dvo = r.head_dim_vo;
   const int group = hq / hkv;
+  const UserHooks* user = r.user;
   const double ninf = -std::numeric_limits<double>::infinity();
   const double sm_scale = var.sm_scale ? double(*var.sm_scale) : 1.0 / std::sqrt(double(dqk));
   const double logit_scale = sm_scale * double(var.q_scale) * double(var.k_scale);
@@ -91,6 +92,7 @@ Result attention(const Request& r, const kvattn::Variant& var) {
         if (var.causal && j > pos_i) visible = false;
         if (var.window_left >= 0 && j < pos_i - var.window_left) visible = false;
         if (r.mask && !r.mask(i, j)) visible = false;
+        if (user && user->logits_mask && !user->logits_mask(r.batch, pos_i, j, h, hk)) visible = false;
         if (!visible) {
           s[size_t(j)] = ninf;
           continue;
@@ -104,19 +106,26 @@ Result attention(const Request& r, const kvattn::Variant& var) {
           x = c * std::tanh(x / c);
         }
         if (var.alibi) x += alibi_slope(h, hq) * double(j - pos_i);
+        if (user && user->logits_transform) x = user->logits_transform(x, r.batch, pos_i, j, h, hk);
         s[size_t(j)] = x;
         m = std::max(m, x);
       }
-      // Weights: sigmoid(s + bias), or exp(s - m) / sum.
+      // Weights: sigmoid(s + bias), a user variant's transformed logits, or exp(s - m) / sum (a
+      // user sink's e^sink joins the sum).
+      const bool softmax = !var.sigmoid && (!user || user->use_softmax);
+      const bool sink = softmax && user && user->sink_logit;
+      const double sink_logit = sink ? user->sink_logit(r.batch, h) : ninf;
+      if (sink) m = std::max(m, sink_logit);
       std::vector<double> w(size_t(r.kv_len), 0.0);
-      double sum = 0;
+      double sum = sink ? std::exp(sink_logit - m) : 0.0;
       for (int64_t j = 0; j < r.kv_len; ++j) {
         if (s[size_t(j)] == ninf) continue;
         w[size_t(j)] = var.sigmoid ? 1.0 / (1.0 + std::exp(-(s[size_t(j)] + var.sigmoid_bias)))
-                                   : std::exp(s[size_t(j)] - m);
+                       : softmax   ? std::exp(s[size_t(j)] - m)
+                                   : s[size_t(j)];
         sum += w[size_t(j)];
       }
-      if (!var.sigmoid && sum > 0) {
+      if (softmax && sum > 0) {
         for (double& x : w) x /= sum;
         out.lse[size_t(i * hq + h)] = (m + std::log(sum)) / std::numbers::ln2;
       }
@@ -130,6 +139,15 @@ Result attention(const Request& r, const kvattn::Variant& var) {
           mag[e] += std::abs(w[size_t(j)] * vj[e] * double(var.v_scale));
         }
       }
+      if (user && user->output_transform)
+        for (int e = 0; e < dvo; ++e) {
+          // The transform's local slope scales the accumulated rounding error (compare.h).
+          const double eps = 1e-6 * std::max(1.0, std::abs(o[e]));
+          const double slope = std::abs(user->output_transform(o[e] + eps, r.batch, pos_i, h, e) -
+                                        user->output_transform(o[e] - eps, r.batch, pos_i, h, e)) / (2 * eps);
+          o[e] = user->output_transform(o[e], r.batch, pos_i, h, e);
+          mag[e] *= std::max(slope, 1.0);
+        }
     }
   }
   return out;

@@ -14,6 +14,17 @@ namespace kvattn_test::ref {
 // An extra visibility rule on top of the variant's own masks: (query row, key index) -> visible.
 using MaskFn = std::function<bool(int64_t i, int64_t j)>;
 
+// A user variant's hooks in double (docs/VARIANTS.md has the contract; batch is Request::batch).
+// Empty functions are hooks the variant does not define.
+struct UserHooks {
+  std::function<double(double logit, int batch, int64_t qo_pos, int64_t kv_pos, int qo_head, int kv_head)>
+      logits_transform;
+  std::function<bool(int batch, int64_t qo_pos, int64_t kv_pos, int qo_head, int kv_head)> logits_mask;
+  std::function<double(double value, int batch, int64_t qo_pos, int qo_head, int dim)> output_transform;
+  std::function<double(int batch, int qo_head)> sink_logit;
+  bool use_softmax = true;  // false: the weights are the transformed logits (no lse)
+};
+
 // One attention problem in double. Arrays are dense and row-major:
 //   q [qo_len][num_qo_heads][head_dim_qk], k [kv_len][num_kv_heads][head_dim_qk],
 //   v [kv_len][num_kv_heads][head_dim_vo].
@@ -26,6 +37,8 @@ struct Request {
   const double* v = nullptr;
   int64_t q_pos0 = 0;  // kv_len - qo_len for decode and prefill, N - M for block-sparse
   MaskFn mask;         // optional: custom bit mask or block-sparse pattern
+  const UserHooks* user = nullptr;  // optional: a user variant on top of the built-in switches
+  int batch = 0;                    // the request's index, as the user hooks see it
 };
 
 struct Result {

@@ -79,7 +79,8 @@ struct RequestData {
 void run_case(bool decode, const AttnCase& c, Rng& rng) {
   SCOPED_TRACE(c.describe());
   const int hq = c.num_qo_heads, hkv = c.num_kv_heads, dqk = c.head_dim_qk, dvo = c.dvo();
-  const bool sigmoid = c.variant.sigmoid, want_lse = c.want_lse && !sigmoid;
+  const bool sigmoid = c.variant.sigmoid || (c.user && !c.user->use_softmax);
+  const bool want_lse = c.want_lse && !sigmoid;
   const size_t B = c.lens.size();
   std::vector<int32_t> qo_indptr{0}, kv_indptr{0};
   std::vector<int64_t> kv_lens;
@@ -312,6 +313,8 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
     ref::Request rr{r.qo_len, r.kv_len, hq, hkv, dqk, dvo, r.q.data(), r.k.data(), r.v.data(),
                     r.kv_len - r.qo_len, {}};
     if (c.variant.custom_mask) rr.mask = ref::custom_mask_bits(mask_bytes.data() + mask_indptr[b], r.kv_len);
+    rr.user = c.user;
+    rr.batch = int(b);
     ref::Result res = ref::attention(rr, c.variant);
     o_ref.insert(o_ref.end(), res.o.begin(), res.o.end());
     mag_ref.insert(mag_ref.end(), res.o_mag.begin(), res.o_mag.end());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvattn/attention.h"
+#include "reference/reference.h"
 #include "support/compare.h"
 #include "support/random.h"
 
@@ -43,6 +44,7 @@ struct AttnCase {
   bool device_page_table = false;  // on_gpu, paged: kv_indices given as a device tensor
   kvattn::SchedulerOptions scheduler{};
   double mask_density = 0.7;  // custom mask: probability that a bit is set
+  const ref::UserHooks* user = nullptr;  // variant.custom's hooks in double, for the reference
   ComputeTolerance tolerance{};
   double tanh_approx_error = kTanhApproxPtx;  // on_gpu soft-cap: allow_approx_tanh's bound (compare.h)
 

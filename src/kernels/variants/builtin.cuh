@@ -50,6 +50,14 @@ struct BuiltinVariant {
   KVATTN_HD static float sigmoid_weight(const VariantParams& p, float s) {
     return 1.0f / (1.0f + expf(-(s + p.sigmoid_bias)));
   }
+  // The weight of a key without softmax (the CPU engine; kernels/variants/custom.cuh composes it).
+  KVATTN_HD static float weight(const VariantParams& p, float s) { return sigmoid_weight(p, s); }
+  // The user-variant hooks the built-in variant does not have.
+  static constexpr bool kHasSink = false, kHasOutput = false;
+  KVATTN_HD static float sink_logit(const VariantParams&, int, int) { return 0.0f; }
+  KVATTN_HD static float output_transform(const VariantParams&, float value, int, int64_t, int, int) {
+    return value;
+  }
 
   // ALiBi slope of head h among n heads (the ALiBi paper's rule; SEMANTICS.md).
   KVATTN_HD static float alibi_slope(int h, int n) {

@@ -36,6 +36,12 @@ struct VariantParams {
   // Custom mask: request b's bits start at byte mask_indptr[b].
   const uint8_t* custom_mask = nullptr;
   const int32_t* mask_indptr = nullptr;
+  // A user variant's Params block (kernels/variants/custom.cuh), null without one; and what its
+  // hooks are told: the KV head of a query head, and whether every request is one sequence
+  // (block-sparse: block rows are parts of sequence 0).
+  const void* user_params = nullptr;
+  int32_t num_kv_heads = 1;
+  int32_t one_sequence = 0;
 };
 
 // Where one logit sits: request, head, local indices and absolute positions.

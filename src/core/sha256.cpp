@@ -1,9 +1,9 @@
-#include "cuda/sha256.h"
+#include "core/sha256.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace kvattn::cuda {
+namespace kvattn::detail {
 namespace {
 
 constexpr uint32_t kRound[64] = {
@@ -97,4 +97,4 @@ std::string to_hex(const uint8_t* data, size_t size) {
 
 std::string sha256_hex(std::string_view data) { return Sha256().update(data).hex_digest(); }
 
-}  // namespace kvattn::cuda
+}  // namespace kvattn::detail

@@ -1,4 +1,4 @@
-#include "cuda/disk_cache.h"
+#include "core/disk_cache.h"
 
 #include "core/overrides.h"
 
@@ -14,9 +14,9 @@
 #include <sstream>
 #include <thread>
 
-#include "cuda/sha256.h"
+#include "core/sha256.h"
 
-namespace kvattn::cuda {
+namespace kvattn::detail {
 namespace fs = std::filesystem;
 namespace {
 
@@ -145,4 +145,4 @@ void DiskCache::store(const std::string& key, const std::vector<char>& payload) 
   warn_store_once("cannot install " + entry_path(key).string() + ": " + why);
 }
 
-}  // namespace kvattn::cuda
+}  // namespace kvattn::detail

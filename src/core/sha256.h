@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace kvattn::cuda {
+namespace kvattn::detail {
 
 class Sha256 {
  public:
@@ -31,4 +31,4 @@ class Sha256 {
 std::string sha256_hex(std::string_view data);
 std::string to_hex(const uint8_t* data, size_t size);
 
-}  // namespace kvattn::cuda
+}  // namespace kvattn::detail

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace kvattn::cuda {
+namespace kvattn::detail {
 
 inline constexpr uint32_t kDiskFormatVersion = 1;
 
@@ -50,4 +50,4 @@ class DiskCache {
   std::filesystem::path dir_;
 };
 
-}  // namespace kvattn::cuda
+}  // namespace kvattn::detail

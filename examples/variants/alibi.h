@@ -1,0 +1,9 @@
+// ALiBi as a user variant, with the slopes from a tensor: logit <- logit + slope[h] * (kv_pos -
+// qo_pos). Parameters: tensor slopes (f32, [num_qo_heads]). With the standard slopes it equals the
+// built-in Variant::alibi.
+struct Variant {
+  static float logits_transform(const Params& p, float logit, int, int64_t qo_pos, int64_t kv_pos, int qo_head,
+                                int) {
+    return logit + p.slopes(qo_head) * float(kv_pos - qo_pos);
+  }
+};

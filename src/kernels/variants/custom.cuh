@@ -1,0 +1,125 @@
+// A user-written variant (docs/VARIANTS.md) composed with the built-in one. The user's source
+// defines `struct Variant` in namespace kvattn_user with any of these static hooks (positions are
+// absolute and aligned bottom-right, SEMANTICS.md; batch is the request, 0 for block-sparse):
+//   float logits_transform(const Params&, float logit, int batch, int64_t qo_pos, int64_t kv_pos,
+//                          int qo_head, int kv_head)     after sm_scale, soft-cap and ALiBi
+//   bool  logits_mask(const Params&, int batch, int64_t qo_pos, int64_t kv_pos, int qo_head,
+//                     int kv_head)                        ANDed with the built-in masks
+//   float output_transform(const Params&, float value, int batch, int64_t qo_pos, int qo_head,
+//                          int dim)                       each output element, after v_scale
+//   float sink_logit(const Params&, int batch, int qo_head)  joins the softmax denominator
+//   static constexpr bool use_softmax = false;            the weights are the transformed logits
+// Params is generated from the declared parameters: scalars by name, tensors as
+// kvattn::user::Tensor<T, N> (element access t(i, j, ...) through the caller's strides).
+#pragma once
+
+#include "kernels/variants/builtin.cuh"
+
+namespace kvattn::user {
+
+template <class T, int N>
+struct Tensor {
+  const T* data;
+  int64_t shape[N];
+  int64_t stride[N];  // elements
+
+  template <class... I>
+  KVATTN_HD const T& operator()(I... index) const {
+    static_assert(sizeof...(I) == N, "a kvattn::user::Tensor<T, N> takes N indices");
+    const int64_t idx[N] = {int64_t(index)...};
+    int64_t offset = 0;
+    for (int d = 0; d < N; ++d) offset += idx[d] * stride[d];
+    return data[offset];
+  }
+  KVATTN_HD int64_t size(int d) const { return shape[d]; }
+};
+
+}  // namespace kvattn::user
+
+namespace kvattn::kernels {
+
+// Which hooks a user variant U with parameter block P defines, and with the contract's signature.
+template <class U, class P>
+struct UserHooks {
+  static constexpr bool transform = requires(const P& p) {
+    { U::logits_transform(p, 0.0f, 0, int64_t(0), int64_t(0), 0, 0) };
+  };
+  static constexpr bool mask = requires(const P& p) { { U::logits_mask(p, 0, int64_t(0), int64_t(0), 0, 0) }; };
+  static constexpr bool output = requires(const P& p) {
+    { U::output_transform(p, 0.0f, 0, int64_t(0), 0, 0) };
+  };
+  static constexpr bool sink = requires(const P& p) { { U::sink_logit(p, 0, 0) }; };
+  static constexpr bool softmax_flag = requires { U::use_softmax; };
+  // A member of a hook's name that the contract cannot call is a signature mismatch.
+  static constexpr bool named_transform = requires { &U::logits_transform; };
+  static constexpr bool named_mask = requires { &U::logits_mask; };
+  static constexpr bool named_output = requires { &U::output_transform; };
+  static constexpr bool named_sink = requires { &U::sink_logit; };
+};
+
+template <class Builtin, class U, class P>
+struct ComposedVariant {
+  using Hooks = UserHooks<U, P>;
+  static_assert(!Hooks::named_transform || Hooks::transform,
+                "logits_transform must be callable as static float logits_transform(const Params&, float logit, "
+                "int batch, int64_t qo_pos, int64_t kv_pos, int qo_head, int kv_head)");
+  static_assert(!Hooks::named_mask || Hooks::mask,
+                "logits_mask must be callable as static bool logits_mask(const Params&, int batch, int64_t qo_pos, "
+                "int64_t kv_pos, int qo_head, int kv_head)");
+  static_assert(!Hooks::named_output || Hooks::output,
+                "output_transform must be callable as static float output_transform(const Params&, float value, "
+                "int batch, int64_t qo_pos, int qo_head, int dim)");
+  static_assert(!Hooks::named_sink || Hooks::sink,
+                "sink_logit must be callable as static float sink_logit(const Params&, int batch, int qo_head)");
+
+  static constexpr bool kUserSoftmax = [] {
+    if constexpr (Hooks::softmax_flag) return bool(U::use_softmax);
+    return true;
+  }();
+  static_assert(kUserSoftmax || !Hooks::sink, "sink_logit needs the softmax (use_softmax = false has no denominator)");
+  static constexpr bool kHasSink = Hooks::sink;
+  static constexpr bool kHasOutput = Hooks::output;
+
+  KVATTN_HD static const P& params(const VariantParams& p) { return *static_cast<const P*>(p.user_params); }
+  KVATTN_HD static int batch(const VariantParams& p, const LogitCoord& c) { return p.one_sequence ? 0 : c.request; }
+  KVATTN_HD static int kv_head(const VariantParams& p, int qo_head) {
+    return qo_head / (p.num_qo_heads / p.num_kv_heads);
+  }
+
+  KVATTN_HD static bool has(const VariantParams& p, uint32_t bit) { return Builtin::has(p, bit); }
+  KVATTN_HD static bool use_softmax(const VariantParams& p) { return kUserSoftmax && Builtin::use_softmax(p); }
+  KVATTN_HD static void query_transform(const VariantParams& p, float* q, int dim, int64_t pos) {
+    Builtin::query_transform(p, q, dim, pos);
+  }
+  KVATTN_HD static void key_transform(const VariantParams& p, float* k, int dim, int64_t pos) {
+    Builtin::key_transform(p, k, dim, pos);
+  }
+  KVATTN_HD static float logits_transform(const VariantParams& p, float s, const LogitCoord& c) {
+    s = Builtin::logits_transform(p, s, c);
+    if constexpr (Hooks::transform)
+      s = float(U::logits_transform(params(p), s, batch(p, c), c.q_pos, c.kv_pos, c.qo_head, kv_head(p, c.qo_head)));
+    return s;
+  }
+  KVATTN_HD static bool logits_mask(const VariantParams& p, const LogitCoord& c) {
+    if (!Builtin::logits_mask(p, c)) return false;
+    if constexpr (Hooks::mask)
+      return bool(U::logits_mask(params(p), batch(p, c), c.q_pos, c.kv_pos, c.qo_head, kv_head(p, c.qo_head)));
+    return true;
+  }
+  // The weight of a key without softmax: the built-in sigmoid's, else the transformed logit.
+  KVATTN_HD static float weight(const VariantParams& p, float s) {
+    return Builtin::use_softmax(p) ? s : Builtin::sigmoid_weight(p, s);
+  }
+  KVATTN_HD static float sink_logit(const VariantParams& p, int request, int qo_head) {
+    if constexpr (Hooks::sink) return float(U::sink_logit(params(p), p.one_sequence ? 0 : request, qo_head));
+    return 0.0f;
+  }
+  KVATTN_HD static float output_transform(const VariantParams& p, float value, int request, int64_t q_pos,
+                                          int qo_head, int dim) {
+    if constexpr (Hooks::output)
+      return float(U::output_transform(params(p), value, p.one_sequence ? 0 : request, q_pos, qo_head, dim));
+    return value;
+  }
+};
+
+}  // namespace kvattn::kernels
