@@ -100,11 +100,9 @@ std::vector<Corruption> attention_corruptions(Ctx& ctx, AttnProblem& p, AttnArgs
                    }
                    v->rope = r;
                  }});
-    if (!prefill && !p.variant.custom_mask)
-      c.push_back({"custom_mask on (not supported here)", "variant.custom_mask", [v] { v->custom_mask = true; }});
-    if (prefill && !p.variant.custom_mask)
+    if (!p.variant.custom_mask)
       c.push_back({"custom_mask on without a mask", "variant.custom_mask", [v] { v->custom_mask = true; }});
-    if (prefill && p.variant.custom_mask)
+    if (p.variant.custom_mask)
       c.push_back({"custom_mask off with a mask given", "variant.custom_mask", [v] { v->custom_mask = false; }});
     if (p.want_lse && !p.variant.sigmoid)
       c.push_back({"sigmoid with an lse requested", "variant.sigmoid", [v] { v->sigmoid = true; }});

@@ -150,6 +150,24 @@ TEST(Decode, WithoutLse) {
   run_decode_case(c, rng);
 }
 
+// A custom bit mask per request (kv_len bits each), composed with a window and soft-cap.
+TEST(Decode, CustomMask) {
+  KVATTN_CASE_RNG(rng);
+  for (const auto& v : {kvattn::variants::custom_mask(),
+                        kvattn::variants::custom_mask().with_window(20).with_soft_cap(6.0f)})
+    for (double density : {0.7, 0.05}) {
+      AttnCase c;
+      c.lens = decode_lens(rng, 5, 0, 90);
+      c.num_qo_heads = 8;
+      c.num_kv_heads = 2;
+      c.variant = v;
+      c.mask_density = density;
+      c.scheduler.fixed_split_size = 16;  // split rows: masked partial states merged
+      SCOPED_TRACE(v.describe());
+      run_decode_case(c, rng);
+    }
+}
+
 TEST(Decode, LongerSequences) {
   // Several KV tiles and many pages per request; one request much longer than the others.
   for (int ps : {1, 16}) {

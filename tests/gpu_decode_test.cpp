@@ -248,6 +248,15 @@ TEST(GpuDecode, Variants) {
   run_variant_cases(variants, DType::bf16, {DType::bf16, DType::e5m2});
 }
 
+// A custom mask makes BatchDecode run on the prefill kernels' decode shape (the decode kernels
+// have none), with GQA, fp8 KV and the other masks.
+TEST(GpuDecode, CustomMask) {
+  SKIP_WITHOUT_GPU();
+  const kvattn::Variant variants[] = {kvattn::variants::custom_mask(),
+                                      kvattn::variants::custom_mask().with_window(60).with_soft_cap(6.0f)};
+  run_variant_cases(variants, DType::bf16, {DType::bf16, DType::e4m3});
+}
+
 // BatchDecode on the prefill kernels (cuda::decode_uses_prefill_kernels: the default on devices
 // without bulk copies for GQA groups >= 4; forced here so that every GPU runs it): group sizes,
 // page sizes, layouts, short, empty and long requests, variants, fp8 KV, against float64.

@@ -99,8 +99,7 @@ TEST(ValidationPlan, Variant) {
   r.rope_theta = 1e4f;
   r.rope_scale = -1;
   expect(v.with_rope(r), "variant.rope.rope_scale = -1 must be > 0");
-  expect(kvattn::variants::custom_mask(),
-         "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
+  expect(kvattn::variants::custom_mask(), "the variant has custom_mask on but no custom_mask was given");
 }
 
 TEST(ValidationPlan, PageTable) {

@@ -52,6 +52,10 @@ struct AttentionPlan;  // src/core/attention_plan.h
 struct BatchDecodePlan : AttentionShape {
   PageTable page_table;
   int page_size = 0;
+  // Variant::custom_mask: as BatchPrefillPlan's, one query row per request (request b's kv_len
+  // bits start at byte mask_indptr[b]). On the GPU, such a plan runs on the prefill kernels.
+  TensorView custom_mask;
+  TensorView mask_indptr;
 };
 
 class BatchDecode {

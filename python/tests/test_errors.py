@@ -120,7 +120,7 @@ def test_plan_arguments(decode):
         dec.plan(**{**args, "q_dtype": "f64"})
     with pytest.raises(TypeError, match=r"q_dtype"):
         dec.plan(**{**args, "q_dtype": "i32"})
-    with pytest.raises(ValueError, match=r"custom_mask is not supported by BatchDecode"):
+    with pytest.raises(ValueError, match=r"the variant has custom_mask on but no custom_mask was given"):
         dec.plan(**args, variant=kvattn.variants.custom_mask())
     with pytest.raises(ValueError, match=r"window_left = -5"):
         dec.plan(**args, variant=kvattn.Variant(window_left=-5))

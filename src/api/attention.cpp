@@ -310,8 +310,6 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   plan->api = "BatchDecode";
   plan->workspace = workspace_;
   plan->shape = detail::resolve_shape(params);
-  KVATTN_CHECK(!params.variant.custom_mask,
-               "custom_mask is not supported by BatchDecode; use BatchPrefill with a page table");
   plan->variant = detail::make_variant_params(plan->shape);
   plan_custom_params(*plan);
   const bool gpu = workspace_.defined() && !workspace_.device().is_cpu();
@@ -321,13 +319,15 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
                " requests, more than the limit of ", kMaxTotalTokens, " query tokens (kvattn/plan.h)");
   plan->qo_indptr.resize(plan->kv_len.size() + 1);
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
+  plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
   using detail::GpuKernels;
   GpuKernels kernels = GpuKernels::decode;
   if (gpu) {
     plan->scheduler = params.scheduler;
     check_table_device(table, workspace_);
-    kernels = detail::decode_kernels_for(*plan, workspace_);
+    // The decode kernels have no custom mask; the prefill kernels' decode shape reads it.
+    kernels = plan->shape.variant.custom_mask ? GpuKernels::prefill : detail::decode_kernels_for(*plan, workspace_);
     // Only a switch between two graph-mode plans can break a captured run(); an eager plan before
     // (sm_90's long batches run on the prefill kernels) captured nothing.
     const bool on_prefill = kernels == GpuKernels::prefill;

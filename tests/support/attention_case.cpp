@@ -185,6 +185,10 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
     p.page_table = paged->table();
     p.page_size = c.page_size;
     p.scheduler = c.scheduler;
+    if (c.variant.custom_mask) {
+      p.custom_mask = mask_t.view();
+      p.mask_indptr = mask_indptr_t.view();
+    }
     if (c.on_gpu) {
 #if KVATTN_WITH_CUDA
       DeviceBytes workspace(int64_t(64) << 20);
