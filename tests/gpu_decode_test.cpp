@@ -51,8 +51,10 @@ AttnCase gpu_case(DType q, DType kv) {
 // arithmetic: P rounded to q's dtype, fp8 KV included, and RoPE-rotated q and k rounded to it for
 // the MMA. The tolerances are the prefill suite's (gpu_prefill_test.cpp) for those cases.
 void run_gpu_decode_case(AttnCase c, Rng& rng) {
+  // A custom mask runs on the prefill kernels without being forced.
   const bool forced_prefill =
-      kvattn_test::current_overrides().decode_kernel == kvattn::detail::DecodeKernelChoice::prefill;
+      kvattn_test::current_overrides().decode_kernel == kvattn::detail::DecodeKernelChoice::prefill ||
+      c.variant.custom_mask;
   const bool half_q = c.q_dtype == DType::f16 || c.q_dtype == DType::bf16;
   const DType kv = c.kv_dtype.value_or(c.q_dtype);
   if (forced_prefill && half_q &&
@@ -383,7 +385,7 @@ TEST(GpuDecode, MisalignedKVIsAnError) {
   c.num_kv_heads = 1;
   c.head_dim_qk = 64;
   c.strided = true;  // pads K/V rows by 1..3 elements: not 16-byte multiples
-  c.expect_error = "the GPU decode kernels copy 16-byte pieces of each row";
+  c.expect_error = "kernels copy 16-byte pieces of each row";  // decode or prefill kernels (forced)
   run_gpu_decode_case(c, rng);
 }
 
