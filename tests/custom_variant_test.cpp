@@ -393,6 +393,26 @@ TEST(CustomVariant, CompilerErrorsPointAtTheUsersLines) {
   EXPECT_KVATTN_ERROR(op.plan(p), "sink_logit needs the softmax");
 }
 
+// use_softmax = false has no LSE: asking for one is an error, as for sigmoid, and writes nothing.
+TEST(CustomVariant, NoLseWithoutSoftmax) {
+  SmallDecode d;
+  kvattn::BatchDecode op;
+  auto p = d.plan();
+  p.variant = kvattn::Variant{}.with_custom(example("sigmoid", {"bias"}), {.f32 = {{"bias", 0.0f}}});
+  op.plan(p);
+  HostTensor q(DType::f32, {1, 4, 16}), k(DType::f32, {1, 4, 2, 16}), v(DType::f32, {1, 4, 2, 16});
+  HostTensor out(DType::f32, {1, 4, 16}), lse(DType::f32, {1, 4});
+  out.poison();
+  lse.poison();
+  const auto before_out = out.snapshot(), before_lse = lse.snapshot();
+  const auto cache = kvattn::PagedKVCache::split(k.view(), v.view(), kvattn::KVLayout::NHD);
+  EXPECT_KVATTN_ERROR(op.run(q.view(), cache, out.view(), lse.view()),
+                      "lse was requested but the user variant sigmoid has use_softmax = false (no lse)");
+  EXPECT_TRUE(out.same_bytes(before_out));
+  EXPECT_TRUE(lse.same_bytes(before_lse));
+  EXPECT_NO_THROW(op.run(q.view(), cache, out.view(), {}));
+}
+
 TEST(CustomVariant, MissingCompilerIsAClearError) {
   ScopedEnv cxx("KVATTN_CXX", "/nonexistent/kvattn-no-such-compiler");
   SmallDecode d;

@@ -9,6 +9,9 @@ The names mirror the C++ API (include/kvattn/*.h)::
                 num_kv_heads=8, head_dim_qk=128, q_dtype="f16", variant=kvattn.variants.causal())
     out, lse = decode.run(q, (k_cache, v_cache), return_lse=True)   # numpy in, numpy out
 
+kvattn.Variant.custom(source, scalars=..., tensors=...) brings a user variant: C++ hooks compiled
+at plan() by the system's compiler (CPU backend; docs/VARIANTS.md).
+
 Tensors are any DLPack producer (numpy, torch CPU/CUDA, cupy) and are never copied; outputs
 not given are allocated in the input's framework and on its device. Bad arguments raise
 kvattn.Error (a ValueError) or kvattn.DTypeError (also a TypeError) with the C++ message, which
@@ -21,6 +24,7 @@ from ._kvattn import (  # noqa: F401
     BatchPrefill,
     BlockSparseAttention,
     CostModel,
+    CustomVariant,
     DType,
     DTypeError,
     Error,
@@ -54,7 +58,8 @@ from ._kvattn import (  # noqa: F401
 from . import variants
 
 __all__ = [
-    "BSRMatrix", "BatchDecode", "BatchPrefill", "BlockSparseAttention", "CostModel", "DType",
+    "BSRMatrix", "BatchDecode", "BatchPrefill", "BlockSparseAttention", "CostModel", "CustomVariant",
+    "DType",
     "DTypeError", "Error", "GraphCapacity", "KVLayout", "Llama31Scaling", "MAX_KV_LEN",
     "MAX_TOTAL_TOKENS", "MergeEntry", "PageTable", "Plan", "Planner", "RopeConfig",
     "SchedulerOptions", "TileShape", "Variant", "WorkItem", "__version__", "alibi_slope",

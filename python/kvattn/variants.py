@@ -3,13 +3,18 @@
 Each returns a new kvattn.Variant; compose them with the Variant's with_* methods::
 
     kvattn.variants.sliding_window(4096).with_soft_cap(30)
+
+and with a user variant (C++ hooks compiled at plan(); docs/VARIANTS.md)::
+
+    kvattn.variants.causal().with_custom(source, name="doc_mask", tensors={"doc_ids": ids})
 """
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from ._kvattn import RopeConfig, Variant
 
-__all__ = ["plain", "causal", "sliding_window", "soft_cap", "alibi", "custom_mask", "sigmoid", "rope"]
+__all__ = ["plain", "causal", "sliding_window", "soft_cap", "alibi", "custom_mask", "sigmoid", "rope",
+           "custom"]
 
 
 def plain() -> Variant:
@@ -50,3 +55,13 @@ def sigmoid(bias: float = 0.0) -> Variant:
 def rope(rope: Optional[RopeConfig] = None) -> Variant:
     """Fused rotary embedding of q (position p(i)) and k (position j); RopeConfig() by default."""
     return Variant().with_rope(rope if rope is not None else RopeConfig())
+
+
+def custom(source: str, *, name: str = "custom", scalars: Optional[Mapping[str, Any]] = None,
+           tensors: Optional[Mapping[str, Any]] = None) -> Variant:
+    """A user variant alone (kvattn.Variant.custom): C++ source defining struct Variant with any of
+    the hooks logits_transform, logits_mask, output_transform, sink_logit, use_softmax = false;
+    scalars {name: int (i32) | float (f32) | ("f32" | "i32", value)} and tensors {name: f32 / i32
+    / u8 tensor of 1 to 4 dimensions} declare its parameters and give their values."""
+    return Variant.custom(source, name=name, scalars=None if scalars is None else dict(scalars),
+                          tensors=None if tensors is None else dict(tensors))

@@ -60,7 +60,7 @@ struct Planned {
 
 void fill_shape(AttentionShape& s, int num_qo_heads, int num_kv_heads, int head_dim_qk, int head_dim_vo,
                 nb::handle q_dtype, nb::handle kv_dtype, nb::handle o_dtype,
-                const std::optional<Variant>& variant, const std::optional<SchedulerOptions>& scheduler) {
+                const PyVariant* variant, const std::optional<SchedulerOptions>& scheduler) {
   s.num_qo_heads = num_qo_heads;
   s.num_kv_heads = num_kv_heads;
   s.head_dim_qk = head_dim_qk;
@@ -68,7 +68,7 @@ void fill_shape(AttentionShape& s, int num_qo_heads, int num_kv_heads, int head_
   s.q_dtype = dtype_arg("q_dtype", q_dtype);
   s.kv_dtype = optional_dtype_arg("kv_dtype", kv_dtype);
   s.o_dtype = optional_dtype_arg("o_dtype", o_dtype);
-  if (variant) s.variant = *variant;
+  if (variant) s.variant = *variant;  // the C++ part; the owners stay with the Python object
   if (scheduler) s.scheduler = *scheduler;
 }
 
@@ -83,6 +83,8 @@ struct Base {
   Held workspace;
   nb::object workspace_obj;
   nb::object plan_inputs;
+  // The kvattn.Variant of the current plan: it owns the tensors a user variant's hooks read at run().
+  nb::object plan_variant;
   Planned planned;
   // Nanoseconds spent in the last C++ plan()/run() call itself (the binding's own cost is the rest;
   // python/benchmarks/decode_overhead.py).
@@ -235,7 +237,7 @@ void bind_attention(nb::module_& m) {
           "plan",
           [](PyBatchDecode& self, nb::handle page_table, int page_size, int num_qo_heads,
              int num_kv_heads, int head_dim_qk, int head_dim_vo, nb::handle q_dtype,
-             nb::handle kv_dtype, nb::handle o_dtype, std::optional<Variant> variant,
+             nb::handle kv_dtype, nb::handle o_dtype, const PyVariant* variant,
              std::optional<SchedulerOptions> scheduler, nb::handle stream) {
             BatchDecodePlan p;
             fill_shape(p, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, q_dtype, kv_dtype,
@@ -246,6 +248,7 @@ void bind_attention(nb::module_& m) {
             void* s = self.plan_stream(stream);
             self.timed([&] { self.impl.plan(p, s); });
             self.plan_inputs = nb::borrow(page_table);
+            self.plan_variant = variant ? nb::find(variant) : nb::object();
             self.planned = planned_from(p);
           },
           nb::kw_only(), nb::arg("page_table"), nb::arg("page_size"), nb::arg("num_qo_heads"),
@@ -311,7 +314,7 @@ void bind_attention(nb::module_& m) {
           [](PyBatchPrefill& self, nb::handle qo_indptr, nb::handle kv_indptr, nb::handle page_table,
              int page_size, nb::handle custom_mask, nb::handle mask_indptr, int num_qo_heads,
              int num_kv_heads, int head_dim_qk, int head_dim_vo, nb::handle q_dtype,
-             nb::handle kv_dtype, nb::handle o_dtype, std::optional<Variant> variant,
+             nb::handle kv_dtype, nb::handle o_dtype, const PyVariant* variant,
              std::optional<SchedulerOptions> scheduler, nb::handle stream) {
             BatchPrefillPlan p;
             fill_shape(p, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, q_dtype, kv_dtype,
@@ -331,6 +334,7 @@ void bind_attention(nb::module_& m) {
             void* s = self.plan_stream(stream);
             self.timed([&] { self.impl.plan(p, s); });
             self.plan_inputs = nb::make_tuple(qo_indptr, kv_indptr, page_table, custom_mask, mask_indptr);
+            self.plan_variant = variant ? nb::find(variant) : nb::object();
             self.planned = planned_from(p, paged);
           },
           nb::kw_only(), nb::arg("qo_indptr"), nb::arg("kv_indptr") = nb::none(),
@@ -397,7 +401,7 @@ void bind_attention(nb::module_& m) {
           "plan",
           [](PyBlockSparse& self, nb::handle bsr, int num_qo_heads, int num_kv_heads, int head_dim_qk,
              int head_dim_vo, nb::handle q_dtype, nb::handle kv_dtype, nb::handle o_dtype,
-             std::optional<Variant> variant, std::optional<SchedulerOptions> scheduler,
+             const PyVariant* variant, std::optional<SchedulerOptions> scheduler,
              nb::handle stream) {
             BlockSparsePlan p;
             fill_shape(p, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, q_dtype, kv_dtype,
@@ -407,6 +411,7 @@ void bind_attention(nb::module_& m) {
             void* s = self.plan_stream(stream);
             self.timed([&] { self.impl.plan(p, s); });
             self.plan_inputs = nb::borrow(bsr);
+            self.plan_variant = variant ? nb::find(variant) : nb::object();
             self.planned = planned_from(p);
           },
           nb::kw_only(), nb::arg("bsr"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),

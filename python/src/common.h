@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,18 @@ struct Held {
   nb::ndarray<> rw;
   std::vector<int32_t> list;
   TensorView view;
+};
+
+// kvattn.Variant: kvattn::Variant, and the Python owners of its user variant's tensors. Their views
+// are in custom_values and the hooks read them at run(), so the Variant keeps them alive (and a
+// wrapper keeps the Variant of its current plan).
+struct PyVariant : Variant {
+  struct Owned {
+    std::string name;
+    nb::object given;           // the object given in tensors= (Variant.custom_tensors)
+    std::shared_ptr<Held> held; // its DLPack import: the memory the view points into
+  };
+  std::vector<Owned> owned;
 };
 
 // Any DLPack producer or buffer (numpy, torch, cupy, ...). None gives an undefined view when

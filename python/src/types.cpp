@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "common.h"
@@ -39,6 +40,244 @@ bool same_variant(const Variant& a, const Variant& b) {
          a.custom_mask == b.custom_mask && a.sigmoid == b.sigmoid &&
          a.sigmoid_bias == b.sigmoid_bias && same_rope(a.rope, b.rope) && a.sm_scale == b.sm_scale &&
          a.q_scale == b.q_scale && a.k_scale == b.k_scale && a.v_scale == b.v_scale;
+}
+
+// Two views of the same memory, read the same way.
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data() != b.data() || a.dtype() != b.dtype() || a.ndim() != b.ndim() || !(a.device() == b.device()))
+    return false;
+  for (int d = 0; d < a.ndim(); ++d)
+    if (a.size(d) != b.size(d) || a.stride(d) != b.stride(d)) return false;
+  return true;
+}
+
+template <class T>
+const T* value_of(const std::vector<std::pair<std::string, T>>& values, const std::string& name) {
+  for (const auto& [n, v] : values)
+    if (n == name) return &v;
+  return nullptr;
+}
+
+template <class T>
+bool same_values(const std::vector<std::pair<std::string, T>>& a,
+                 const std::vector<std::pair<std::string, T>>& b, bool (*eq)(const T&, const T&)) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [n, v] : a) {
+    const T* w = value_of(b, n);
+    if (!w || !eq(v, *w)) return false;
+  }
+  return true;
+}
+
+// The same user variant (name, source, declarations in order) with the same values; tensors are
+// the same when they are views of the same memory.
+bool same_custom(const Variant& a, const Variant& b) {
+  if (!a.custom || !b.custom) return !a.custom && !b.custom;
+  const CustomVariant &x = *a.custom, &y = *b.custom;
+  if (x.name != y.name || x.source != y.source || x.f32_params != y.f32_params ||
+      x.i32_params != y.i32_params || x.tensor_params.size() != y.tensor_params.size())
+    return false;
+  for (size_t i = 0; i < x.tensor_params.size(); ++i) {
+    const auto &s = x.tensor_params[i], &t = y.tensor_params[i];
+    if (s.name != t.name || s.dtype != t.dtype || s.ndim != t.ndim) return false;
+  }
+  const CustomValues &u = a.custom_values, &w = b.custom_values;
+  return same_values<float>(u.f32, w.f32, [](const float& p, const float& q) { return p == q; }) &&
+         same_values<int32_t>(u.i32, w.i32, [](const int32_t& p, const int32_t& q) { return p == q; }) &&
+         same_values<TensorView>(u.tensors, w.tensors, [](const TensorView& p, const TensorView& q) {
+           return same_view(p, q);
+         });
+}
+
+template <class T>
+void set_value(std::vector<std::pair<std::string, T>>& values, const std::string& name, T value) {
+  for (auto& [n, v] : values)
+    if (n == name) {
+      v = value;
+      return;
+    }
+  values.emplace_back(name, value);
+}
+
+std::string dict_key(const std::string& where, const char* dict, nb::handle key) {
+  if (!nb::isinstance<nb::str>(key)) {
+    PyErr_Format(PyExc_TypeError, "%s: the keys of %s= are parameter names (str), got %s", where.c_str(),
+                 dict, py_type_name(key).c_str());
+    throw nb::python_error();
+  }
+  return nb::cast<std::string>(key);
+}
+
+// One value of scalars=: an int (i32), a float (f32), or a (dtype, value) pair with dtype f32 or
+// i32 ("f32", kvattn.DType.i32, numpy.float32, ...). `declared`: the kind of a parameter the user
+// variant already declares (with_custom_values), which an int value may also fill when it is f32.
+struct Scalar {
+  DType dtype = DType::f32;
+  float f32 = 0.0f;
+  int32_t i32 = 0;
+};
+
+Scalar scalar_arg(const std::string& where, const std::string& name, nb::handle value,
+                  std::optional<DType> declared) {
+  const std::string what = where + ": scalar parameter " + name;
+  std::optional<DType> kind;
+  nb::handle x = value;
+  if (PyTuple_Check(value.ptr())) {
+    if (PyTuple_GET_SIZE(value.ptr()) != 2)
+      raise_value(what + ": a tuple must be (dtype, value) with dtype f32 or i32, got " +
+                  std::to_string(PyTuple_GET_SIZE(value.ptr())) + " items");
+    kind = dtype_arg(what.c_str(), PyTuple_GET_ITEM(value.ptr(), 0));
+    if (*kind != DType::f32 && *kind != DType::i32)
+      raise_dtype(what + " has dtype " + std::string(dtype_name(*kind)) + " (f32 or i32 are supported)");
+    x = PyTuple_GET_ITEM(value.ptr(), 1);
+  }
+  if (PyBool_Check(x.ptr())) {
+    PyErr_Format(PyExc_TypeError, "%s is a bool; give an int (i32) or a float (f32)", what.c_str());
+    throw nb::python_error();
+  }
+  const bool integral = PyIndex_Check(x.ptr());
+  if (!integral && !PyFloat_Check(x.ptr()) && !nb::hasattr(x, "__float__")) {
+    PyErr_Format(PyExc_TypeError, "%s: expected an int, a float or a (dtype, value) pair, got %s",
+                 what.c_str(), py_type_name(x).c_str());
+    throw nb::python_error();
+  }
+  if (!kind) kind = declared ? *declared : (integral ? DType::i32 : DType::f32);
+  if (declared && *kind != *declared)
+    raise_dtype(what + " is declared " + std::string(dtype_name(*declared)) + " but a value of dtype " +
+                std::string(dtype_name(*kind)) + " was given");
+  Scalar s;
+  s.dtype = *kind;
+  if (*kind == DType::i32) {
+    if (!integral)
+      raise_dtype(what + " has dtype i32 but the value " + nb::cast<std::string>(nb::repr(x)) +
+                  " is not an int");
+    nb::object index = nb::steal(PyNumber_Index(x.ptr()));
+    if (!index.is_valid()) throw nb::python_error();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (overflow || v < INT32_MIN || v > INT32_MAX)
+      raise_value(what + " = " + nb::cast<std::string>(nb::repr(index)) + " does not fit in int32");
+    s.i32 = int32_t(v);
+  } else {
+    const double v = PyFloat_AsDouble(x.ptr());
+    if (v == -1.0 && PyErr_Occurred()) throw nb::python_error();
+    s.f32 = float(v);
+  }
+  return s;
+}
+
+// One value of tensors=: any DLPack producer, kept alive by the Variant.
+PyVariant::Owned tensor_param_arg(const std::string& where, const std::string& name, nb::handle obj) {
+  const std::string what = where + ": tensor parameter " + name;
+  PyVariant::Owned o{name, nb::borrow(obj), std::make_shared<Held>()};
+  try {
+    tensor_arg(what.c_str(), obj, *o.held);
+  } catch (nb::python_error& e) {
+    if (!e.matches(dtype_error_type())) throw;
+    std::string dt = "?";
+    if (nb::hasattr(obj, "dtype")) {
+      nb::object text = nb::steal(PyObject_Str(obj.attr("dtype").ptr()));
+      if (text.is_valid()) dt = nb::cast<std::string>(text);
+      PyErr_Clear();
+    }
+    raise_dtype(what + " has dtype " + dt + " (f32, i32 or u8 are supported)");
+  }
+  return o;
+}
+
+// base with the user variant `source` and its parameters, declared from the values given.
+PyVariant with_custom_variant(const PyVariant& base, std::string source, std::string name,
+                              const std::optional<nb::dict>& scalars, const std::optional<nb::dict>& tensors) {
+  CustomVariant decl;
+  decl.name = std::move(name);
+  decl.source = std::move(source);
+  const std::string where = "custom variant " + decl.name;
+  CustomValues values;
+  std::vector<PyVariant::Owned> owned;
+  if (scalars)
+    for (auto [k, v] : *scalars) {
+      const std::string key = dict_key(where, "scalars", k);
+      const Scalar s = scalar_arg(where, key, v, std::nullopt);
+      if (s.dtype == DType::f32) {
+        decl.f32_params.push_back(key);
+        values.f32.emplace_back(key, s.f32);
+      } else {
+        decl.i32_params.push_back(key);
+        values.i32.emplace_back(key, s.i32);
+      }
+    }
+  if (tensors)
+    for (auto [k, v] : *tensors) {
+      const std::string key = dict_key(where, "tensors", k);
+      PyVariant::Owned o = tensor_param_arg(where, key, v);
+      const TensorView& t = o.held->view;
+      decl.tensor_params.push_back({key, t.dtype(), t.ndim()});
+      values.tensors.emplace_back(key, t);
+      owned.push_back(std::move(o));
+    }
+  decl.validate();  // names, a name in both dicts, the tensors' dtypes and ranks
+  PyVariant r = base;
+  static_cast<Variant&>(r) = base.with_custom(std::move(decl), std::move(values));
+  r.owned = std::move(owned);
+  return r;
+}
+
+// v with new values for some of its user variant's parameters (the declaration is kept).
+PyVariant with_custom_values(const PyVariant& v, const std::optional<nb::dict>& scalars,
+                             const std::optional<nb::dict>& tensors) {
+  if (!v.custom)
+    raise_value("Variant.with_custom_values: the variant " + v.describe() +
+                " has no user variant (give one with Variant.custom or with_custom)");
+  const CustomVariant& d = *v.custom;
+  const std::string where = "custom variant " + d.name;
+  auto has = [](const std::vector<std::string>& names, const std::string& n) {
+    return std::find(names.begin(), names.end(), n) != names.end();
+  };
+  auto is_tensor = [&](const std::string& n) {
+    for (const auto& t : d.tensor_params)
+      if (t.name == n) return true;
+    return false;
+  };
+  PyVariant r = v;
+  if (scalars)
+    for (auto [k, val] : *scalars) {
+      const std::string key = dict_key(where, "scalars", k);
+      std::optional<DType> declared;
+      if (has(d.f32_params, key)) declared = DType::f32;
+      else if (has(d.i32_params, key)) declared = DType::i32;
+      else if (is_tensor(key)) raise_value(where + ": " + key + " is a tensor parameter; give it in tensors=");
+      else raise_value(where + ": a value was given for " + key + ", which is not a declared parameter");
+      const Scalar s = scalar_arg(where, key, val, declared);
+      if (s.dtype == DType::f32) set_value(r.custom_values.f32, key, s.f32);
+      else set_value(r.custom_values.i32, key, s.i32);
+    }
+  if (tensors)
+    for (auto [k, val] : *tensors) {
+      const std::string key = dict_key(where, "tensors", k);
+      if (!is_tensor(key)) {
+        if (has(d.f32_params, key) || has(d.i32_params, key))
+          raise_value(where + ": " + key + " is a scalar parameter; give it in scalars=");
+        raise_value(where + ": a value was given for " + key + ", which is not a declared parameter");
+      }
+      // Its dtype and rank are checked against the declaration at plan(), as in C++.
+      PyVariant::Owned o = tensor_param_arg(where, key, val);
+      set_value(r.custom_values.tensors, key, o.held->view);
+      auto it = std::find_if(r.owned.begin(), r.owned.end(), [&](const auto& x) { return x.name == key; });
+      if (it != r.owned.end()) *it = std::move(o);
+      else r.owned.push_back(std::move(o));
+    }
+  return r;
+}
+
+// A with_* method of kvattn::Variant on PyVariant: the result keeps the owners.
+template <class... A>
+auto fluent(Variant (Variant::*method)(A...) const) {
+  return [method](const PyVariant& self, A... args) {
+    PyVariant r = self;
+    static_cast<Variant&>(r) = (self.*method)(args...);
+    return r;
+  };
 }
 
 // A host int32 array of one dimension, contiguous (the planner's spans).
@@ -88,7 +327,7 @@ void bind_types(nb::module_& m) {
       .def_rw("original_max_position", &Llama31Scaling::original_max_position)
       .def("__eq__", [](const Llama31Scaling& a, const Llama31Scaling& b) {
         return same_llama31(a, b);
-      })
+      }, nb::is_operator())
       .def("__repr__", [](const Llama31Scaling& s) {
         return "Llama31Scaling(factor=" + repr_float(s.factor) +
                ", low_freq_factor=" + repr_float(s.low_freq_factor) +
@@ -115,7 +354,8 @@ void bind_types(nb::module_& m) {
           "llama31", [](const RopeConfig& r) { return r.llama31; },
           [](RopeConfig& r, std::optional<Llama31Scaling> l) { r.llama31 = l; },
           "Llama 3.1 frequency scaling, or None (plain llama frequencies). Returns a copy.")
-      .def("__eq__", [](const RopeConfig& a, const RopeConfig& b) { return same_rope(a, b); })
+      .def("__eq__", [](const RopeConfig& a, const RopeConfig& b) { return same_rope(a, b); },
+           nb::is_operator())
       .def("__repr__", [](const RopeConfig& r) {
         return "RopeConfig(rope_scale=" + repr_float(r.rope_scale) +
                ", rope_theta=" + repr_float(r.rope_theta) +
@@ -123,18 +363,83 @@ void bind_types(nb::module_& m) {
                (r.llama31 ? ", llama31=Llama31Scaling(...)" : "") + ")";
       });
 
-  nb::class_<Variant>(
+  nb::class_<CustomVariant>(
+      m, "CustomVariant",
+      "The user variant a Variant carries (kvattn::CustomVariant; docs/VARIANTS.md): its name, "
+      "source and parameter declarations. Read from Variant.custom_variant; made by Variant.custom "
+      "and Variant.with_custom.")
+      .def_ro("name", &CustomVariant::name, "Names the source in compiler errors (<name>.variant:LINE).")
+      .def_ro("source", &CustomVariant::source, "C++ that defines struct Variant with the hooks.")
+      .def_ro("f32_params", &CustomVariant::f32_params, "float scalars, Params::<name>, in order.")
+      .def_ro("i32_params", &CustomVariant::i32_params, "int32_t scalars, in order.")
+      .def_prop_ro(
+          "tensor_params",
+          [](const CustomVariant& c) {
+            nb::list out;
+            for (const auto& t : c.tensor_params) out.append(nb::make_tuple(t.name, t.dtype, t.ndim));
+            return out;
+          },
+          nb::sig("def tensor_params(self) -> list[tuple[str, DType, int]]"),
+          "(name, dtype, ndim) of each tensor parameter, in order: "
+          "kvattn::user::Tensor<T, ndim> Params::<name>.")
+      .def("validate", &CustomVariant::validate,
+           "Raises kvattn.Error naming the bad field (a name that is not an identifier, a repeat, ...).")
+      .def("__eq__", [](const CustomVariant& a, const CustomVariant& b) {
+        Variant x, y;
+        x.custom = std::make_shared<const CustomVariant>(a);
+        y.custom = std::make_shared<const CustomVariant>(b);
+        return same_custom(x, y);
+      }, nb::is_operator())
+      .def("__repr__", [](const CustomVariant& c) {
+        std::ostringstream os;
+        os << "CustomVariant(name='" << c.name << "', f32_params=[";
+        for (size_t i = 0; i < c.f32_params.size(); ++i) os << (i ? ", '" : "'") << c.f32_params[i] << "'";
+        os << "], i32_params=[";
+        for (size_t i = 0; i < c.i32_params.size(); ++i) os << (i ? ", '" : "'") << c.i32_params[i] << "'";
+        os << "], tensor_params=[";
+        for (size_t i = 0; i < c.tensor_params.size(); ++i)
+          os << (i ? ", " : "") << "('" << c.tensor_params[i].name << "', "
+             << dtype_name(c.tensor_params[i].dtype) << ", " << c.tensor_params[i].ndim << ")";
+        os << "])";
+        return os.str();
+      });
+
+  const char* custom_doc =
+      "A user variant (docs/VARIANTS.md): `source` is C++ that defines struct Variant with any of "
+      "the static hooks logits_transform, logits_mask, output_transform, sink_logit and the "
+      "constant use_softmax = false, reading its parameters as p.<name>. The parameters are "
+      "declared by the values given, in order:\n\n"
+      "scalars: {name: value}; an int is an i32 parameter (int32_t), a float an f32 one (float); "
+      "(\"f32\", x) / (\"i32\", x) pairs give the type explicitly (an int as a float: "
+      "(\"f32\", 2)).\n"
+      "tensors: {name: tensor}; any DLPack producer or buffer (numpy, torch, ...) of dtype "
+      "float32, int32 or uint8 and 1 to 4 dimensions, declared with its dtype and ndim "
+      "(kvattn::user::Tensor<T, ndim>: p.name(i, j), p.name.size(d)). Not copied: the hooks read "
+      "it at run(), through its strides; the Variant keeps it alive (and a wrapper keeps the "
+      "Variant of its current plan), so do not change it before the plan's last run().\n\n"
+      "The source is compiled at the first plan() by the system's C++ compiler ($KVATTN_CXX, "
+      "default c++) and cached under the JIT cache directory ($KVATTN_CACHE_DIR, ...); a source "
+      "that does not compile raises kvattn.Error with the compiler's messages, the user's lines "
+      "first as <name>.variant:LINE. CPU backend only so far (a plan with a CUDA workspace "
+      "raises kvattn.Error). name: an identifier.";
+  const std::string with_custom_doc =
+      std::string("This variant with a user variant on top of its built-in switches (causal, "
+                  "window, custom mask, soft-cap, ALiBi, RoPE, sigmoid, scales): the user mask is "
+                  "ANDed with the built-in masks, the user transform follows soft-cap and ALiBi. "
+                  "Replaces a user variant this one carried.\n\n") + custom_doc;
+
+  nb::class_<PyVariant>(
       m, "Variant",
       "An attention variant: which built-in masks and logit transforms are on, and their "
-      "parameters (kvattn/variant.h). Compose fluently: "
-      "kvattn.variants.causal().with_soft_cap(30).with_window(4096). The with_* methods return a "
-      "new Variant.")
+      "parameters (kvattn/variant.h), and optionally a user variant (Variant.custom). Compose "
+      "fluently: kvattn.variants.causal().with_soft_cap(30).with_window(4096). The with_* "
+      "methods return a new Variant.")
       .def(
           "__init__",
-          [](Variant* v, bool causal, int window_left, float logits_soft_cap, bool alibi,
+          [](PyVariant* v, bool causal, int window_left, float logits_soft_cap, bool alibi,
              bool custom_mask, bool sigmoid, float sigmoid_bias, std::optional<RopeConfig> rope,
              std::optional<float> sm_scale, float q_scale, float k_scale, float v_scale) {
-            new (v) Variant{};
+            new (v) PyVariant{};
             v->causal = causal;
             v->window_left = window_left;
             v->logits_soft_cap = logits_soft_cap;
@@ -163,32 +468,105 @@ void bind_types(nb::module_& m) {
       .def_rw("sigmoid", &Variant::sigmoid, "No softmax: o = sum sigmoid(s + sigmoid_bias) v; no lse.")
       .def_rw("sigmoid_bias", &Variant::sigmoid_bias)
       .def_prop_rw(
-          "rope", [](const Variant& v) { return v.rope; },
-          [](Variant& v, std::optional<RopeConfig> r) { v.rope = r; },
+          "rope", [](const PyVariant& v) { return v.rope; },
+          [](PyVariant& v, std::optional<RopeConfig> r) { v.rope = r; },
           "Fused RoPE on q (position p(i)) and k (position j), or None. Returns a copy.")
       .def_prop_rw(
-          "sm_scale", [](const Variant& v) { return v.sm_scale; },
-          [](Variant& v, std::optional<float> s) { v.sm_scale = s; },
+          "sm_scale", [](const PyVariant& v) { return v.sm_scale; },
+          [](PyVariant& v, std::optional<float> s) { v.sm_scale = s; },
           "Logit scale; None: 1 / sqrt(head_dim_qk).")
       .def_rw("q_scale", &Variant::q_scale)
       .def_rw("k_scale", &Variant::k_scale)
       .def_rw("v_scale", &Variant::v_scale)
-      .def("with_causal", &Variant::with_causal, nb::arg("on") = true)
-      .def("with_window", &Variant::with_window, nb::arg("window_left"))
-      .def("with_soft_cap", &Variant::with_soft_cap, nb::arg("cap"))
-      .def("with_alibi", &Variant::with_alibi, nb::arg("on") = true)
-      .def("with_custom_mask", &Variant::with_custom_mask, nb::arg("on") = true)
-      .def("with_rope", &Variant::with_rope, nb::arg("rope") = RopeConfig{})
-      .def("with_sm_scale", &Variant::with_sm_scale, nb::arg("sm_scale"))
-      .def("with_scales", &Variant::with_scales, nb::arg("q_scale"), nb::arg("k_scale"),
+      .def("with_causal", fluent(&Variant::with_causal), nb::arg("on") = true)
+      .def("with_window", fluent(&Variant::with_window), nb::arg("window_left"))
+      .def("with_soft_cap", fluent(&Variant::with_soft_cap), nb::arg("cap"))
+      .def("with_alibi", fluent(&Variant::with_alibi), nb::arg("on") = true)
+      .def("with_custom_mask", fluent(&Variant::with_custom_mask), nb::arg("on") = true)
+      .def("with_rope", fluent(&Variant::with_rope), nb::arg("rope") = RopeConfig{})
+      .def("with_sm_scale", fluent(&Variant::with_sm_scale), nb::arg("sm_scale"))
+      .def("with_scales", fluent(&Variant::with_scales), nb::arg("q_scale"), nb::arg("k_scale"),
            nb::arg("v_scale"), "fp8 dequantisation scales.")
-      .def("with_sigmoid", &Variant::with_sigmoid, nb::arg("bias") = 0.0f)
-      .def("describe", &Variant::describe, "'causal+window(4096)+soft_cap(30)'; 'plain' when nothing is on.")
+      .def("with_sigmoid", fluent(&Variant::with_sigmoid), nb::arg("bias") = 0.0f)
+      .def_static(
+          "custom",
+          [](std::string source, std::string name, std::optional<nb::dict> scalars,
+             std::optional<nb::dict> tensors) {
+            return with_custom_variant(PyVariant{}, std::move(source), std::move(name), scalars, tensors);
+          },
+          nb::arg("source"), nb::kw_only(), nb::arg("name") = "custom", nb::arg("scalars") = nb::none(),
+          nb::arg("tensors") = nb::none(),
+          nb::sig("def custom(source: str, *, name: str = 'custom', "
+                  "scalars: dict[str, float | int | tuple[str | DType, float | int]] | None = None, "
+                  "tensors: dict[str, object] | None = None) -> Variant"),
+          (std::string("A Variant with no built-in switch on, carrying a user variant.\n\n") + custom_doc).c_str())
+      .def(
+          "with_custom",
+          [](const PyVariant& self, std::string source, std::string name, std::optional<nb::dict> scalars,
+             std::optional<nb::dict> tensors) {
+            return with_custom_variant(self, std::move(source), std::move(name), scalars, tensors);
+          },
+          nb::arg("source"), nb::kw_only(), nb::arg("name") = "custom", nb::arg("scalars") = nb::none(),
+          nb::arg("tensors") = nb::none(),
+          nb::sig("def with_custom(self, source: str, *, name: str = 'custom', "
+                  "scalars: dict[str, float | int | tuple[str | DType, float | int]] | None = None, "
+                  "tensors: dict[str, object] | None = None) -> Variant"),
+          with_custom_doc.c_str())
+      .def("with_custom_values", &with_custom_values, nb::kw_only(), nb::arg("scalars") = nb::none(),
+           nb::arg("tensors") = nb::none(),
+           nb::sig("def with_custom_values(self, *, scalars: dict[str, float | int | tuple[str | DType, "
+                   "float | int]] | None = None, tensors: dict[str, object] | None = None) -> Variant"),
+           "This variant with new values for some parameters of its user variant (the others keep "
+           "theirs; the declaration, and so the compiled code, stays): a name it does not declare "
+           "raises kvattn.Error, an int fills an f32 parameter, and a tensor of another dtype or "
+           "rank than declared is refused by plan() (\"tensor parameter doc_ids has dtype u8 but "
+           "was declared i32\").")
+      .def_prop_ro(
+          "custom_variant",
+          [](const PyVariant& v) -> std::optional<CustomVariant> {
+            if (!v.custom) return std::nullopt;
+            return *v.custom;
+          },
+          "The user variant (a kvattn.CustomVariant copy), or None.")
+      .def_prop_ro(
+          "custom_scalars",
+          [](const PyVariant& v) {
+            nb::dict out;
+            if (!v.custom) return out;
+            for (const auto& n : v.custom->f32_params)
+              if (const float* x = value_of(v.custom_values.f32, n)) out[n.c_str()] = double(*x);
+            for (const auto& n : v.custom->i32_params)
+              if (const int32_t* x = value_of(v.custom_values.i32, n)) out[n.c_str()] = *x;
+            return out;
+          },
+          nb::sig("def custom_scalars(self) -> dict[str, float | int]"),
+          "The user variant's scalar values by name (f32 as float, i32 as int); {} without one.")
+      .def_prop_ro(
+          "custom_tensors",
+          [](const PyVariant& v) {
+            nb::dict out;
+            if (!v.custom) return out;
+            for (const auto& t : v.custom->tensor_params)
+              for (const auto& o : v.owned)
+                if (o.name == t.name) out[t.name.c_str()] = o.given;
+            return out;
+          },
+          nb::sig("def custom_tensors(self) -> dict[str, object]"),
+          "The tensors given for the user variant's parameters by name (the objects themselves); "
+          "{} without one.")
+      .def("describe", &Variant::describe,
+           "'causal+window(4096)+soft_cap(30)'; 'plain' when nothing is on; a user variant adds "
+           "'custom(<name>)'.")
       .def("validate", &Variant::validate,
-           "Raises kvattn.Error naming the bad field (negative window other than -1, cap < 0, ...).")
-      .def("__eq__", [](const Variant& a, const Variant& b) { return same_variant(a, b); })
-      .def("__copy__", [](const Variant& v) { return v; })
-      .def("__repr__", [](const Variant& v) { return "Variant(" + v.describe() + ")"; });
+           "Raises kvattn.Error naming the bad field (negative window other than -1, cap < 0, a user "
+           "variant's bad declaration, ...).")
+      .def("__eq__",
+           [](const PyVariant& a, const PyVariant& b) { return same_variant(a, b) && same_custom(a, b); },
+           nb::is_operator(),
+           "Equal switches and parameters; user variants equal in name, source, declarations and "
+           "values (tensors: views of the same memory, not equal contents).")
+      .def("__copy__", [](const PyVariant& v) { return v; })
+      .def("__repr__", [](const PyVariant& v) { return "Variant(" + v.describe() + ")"; });
 
   // kvattn.variants (the inline constructors of kvattn::variants) is python/kvattn/variants.py.
 

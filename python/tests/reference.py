@@ -34,12 +34,39 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 # ---- the variant, as plain values ---------------------------------------------------------------
+class UserHooks:
+    """A user variant's hooks in float64 (docs/VARIANTS.md has the contract; the C++ reference's
+    ref::UserHooks). None is a hook the variant does not define. Each hook is called once per
+    request with numpy arrays that broadcast against each other: `batch` is the request's index
+    (an int; 0 for block-sparse), positions are absolute (query i of a request at kv_len - qo_len
+    + i, key j at j), kv_head = qo_head // (Hq / Hkv):
+      logits_transform(logit, batch, qo_pos, kv_pos, qo_head, kv_head) -> logit, after sm_scale,
+          soft-cap and ALiBi (logit [Hq, qo, kv], qo_pos [1, qo, 1], kv_pos [1, 1, kv],
+          qo_head and kv_head [Hq, 1, 1]); its value on hidden pairs is not used
+      logits_mask(batch, qo_pos, kv_pos, qo_head, kv_head) -> visible, ANDed with the built-in masks
+      output_transform(value, batch, qo_pos, qo_head, dim) -> value, on the final output
+          (value [qo, Hq, Dv], qo_pos [qo, 1, 1], qo_head [1, Hq, 1], dim [1, 1, Dv])
+      sink_logit(batch, qo_head) -> logit whose e^logit joins the softmax denominator only
+          (qo_head [Hq]); the LSE includes it
+    use_softmax=False: the weights are the transformed logits, summed without normalisation, and
+    there is no LSE."""
+
+    def __init__(self, logits_transform=None, logits_mask=None, output_transform=None,
+                 sink_logit=None, use_softmax=True):
+        self.logits_transform = logits_transform
+        self.logits_mask = logits_mask
+        self.output_transform = output_transform
+        self.sink_logit = sink_logit
+        self.use_softmax = use_softmax
+
+
 class Var:
-    """The variant's parameters for the reference (independent of kvattn.Variant)."""
+    """The variant's parameters for the reference (independent of kvattn.Variant). `user`: a
+    UserHooks on top of the built-in switches."""
 
     def __init__(self, causal=False, window_left=-1, soft_cap=0.0, alibi=False, sigmoid=False,
                  sigmoid_bias=0.0, rope=None, sm_scale=None, q_scale=1.0, k_scale=1.0,
-                 v_scale=1.0, mask=None):
+                 v_scale=1.0, mask=None, user=None):
         self.causal = causal
         self.window_left = window_left
         self.soft_cap = soft_cap
@@ -50,6 +77,11 @@ class Var:
         self.sm_scale = sm_scale
         self.q_scale, self.k_scale, self.v_scale = q_scale, k_scale, v_scale
         self.mask = mask  # callable (request, i, j) -> bool, or None
+        self.user = user  # UserHooks, or None
+
+    def has_lse(self):
+        """False where the weights are not a softmax (sigmoid, a user variant's use_softmax=False)."""
+        return not self.sigmoid and (self.user is None or self.user.use_softmax)
 
 
 def alibi_slope(h, n_heads):
@@ -100,8 +132,11 @@ def rope(x, pos, theta=1e4, scale=1.0, interleave=False, llama31=None, rotary_di
 # ---- attention ------------------------------------------------------------------------------------
 def attention_one(q, k, v, var, request=0, head_offset_pos=None):
     """One request. q [qo_len, Hq, D], k [kv_len, Hkv, D], v [kv_len, Hkv, Dv], float64.
-    Returns (o [qo_len, Hq, Dv], lse [qo_len, Hq] base 2 (None for sigmoid), mag like o).
-    Query i sits at p(i) = kv_len - qo_len + i; query head h reads KV head h // (Hq / Hkv)."""
+    Returns (o [qo_len, Hq, Dv], lse [qo_len, Hq] base 2 (None without a softmax), mag like o).
+    Query i sits at p(i) = kv_len - qo_len + i; query head h reads KV head h // (Hq / Hkv).
+    A user variant (var.user) as tests/reference/reference.cpp: its mask ANDed with the others,
+    its transform after soft-cap and ALiBi, its sink in the denominator only, use_softmax=False
+    weights = the transformed logits, its output transform last (mag scaled by its slope)."""
     qo_len, hq, dqk = q.shape
     kv_len, hkv, dvo = v.shape
     group = hq // hkv
@@ -133,14 +168,36 @@ def attention_one(q, k, v, var, request=0, head_offset_pos=None):
                      dtype=bool).reshape(qo_len, kv_len)
         visible &= m
     vis = np.broadcast_to(visible[None], s.shape)
+    user = var.user
+    if user is not None:
+        heads = np.arange(hq)[:, None, None]
+        hooks = (request, pos_q[None, :, None], pos_k[None, None, :], heads, heads // group)
+        if user.logits_mask is not None:
+            vis = vis & np.broadcast_to(np.asarray(user.logits_mask(*hooks), dtype=bool), s.shape)
+        if user.logits_transform is not None:
+            with np.errstate(all="ignore"):  # hidden pairs' values are not used
+                s = np.broadcast_to(np.asarray(user.logits_transform(s, *hooks), dtype=np.float64),
+                                    s.shape)
+    softmax = var.has_lse()
+    sink = None
+    if softmax and user is not None and user.sink_logit is not None:
+        sink = np.broadcast_to(np.asarray(user.sink_logit(request, np.arange(hq)), dtype=np.float64),
+                               (hq,))[:, None, None]
     if var.sigmoid:
         w = np.where(vis, 1.0 / (1.0 + np.exp(-(s + var.sigmoid_bias))), 0.0)
         lse = None
+    elif not softmax:  # a user variant without softmax: the transformed logits are the weights
+        w = np.where(vis, s, 0.0)
+        lse = None
     else:
         smax = np.where(vis, s, -np.inf).max(axis=2, keepdims=True, initial=-np.inf)
+        if sink is not None:
+            smax = np.maximum(smax, sink)
         smax = np.where(np.isfinite(smax), smax, 0.0)
         e = np.where(vis, np.exp(s - smax), 0.0)
         den = e.sum(axis=2, keepdims=True)
+        if sink is not None:
+            den = den + np.exp(sink - smax)
         w = np.where(den > 0, e / np.where(den > 0, den, 1.0), 0.0)
         with np.errstate(divide="ignore"):
             lse = np.where(den[..., 0] > 0, (np.log(np.where(den[..., 0] > 0, den[..., 0], 1.0))
@@ -148,12 +205,22 @@ def attention_one(q, k, v, var, request=0, head_offset_pos=None):
         lse = lse.T
     wv = var.v_scale * np.einsum("hij,jhd->ihd", w, vx)
     mag = abs(var.v_scale) * np.einsum("hij,jhd->ihd", np.abs(w), np.abs(vx))
+    if user is not None and user.output_transform is not None:
+        out = (request, pos_q[:, None, None], np.arange(hq)[None, :, None],
+               np.arange(dvo)[None, None, :])
+        f = lambda x: np.broadcast_to(np.asarray(user.output_transform(x, *out), dtype=np.float64),
+                                      x.shape)
+        # The transform's local slope scales the accumulated rounding error (compare.h).
+        eps = 1e-6 * np.maximum(1.0, np.abs(wv))
+        slope = np.abs(f(wv + eps) - f(wv - eps)) / (2 * eps)
+        wv = f(wv)
+        mag = mag * np.maximum(slope, 1.0)
     return wv, lse, mag
 
 
 def batch_attention(q, qo_indptr, ks, vs, var):
     """q [nnz_q, Hq, D] ragged by qo_indptr; ks / vs: per-request K [kv_len, Hkv, D] and V.
-    Returns o, lse (None for sigmoid), mag for the whole batch."""
+    Returns o, lse (None without a softmax: sigmoid, use_softmax=False), mag for the whole batch."""
     nnz, hq, _ = q.shape
     dvo = vs[0].shape[-1] if len(vs) else q.shape[-1]
     o = np.zeros((nnz, hq, dvo))
@@ -167,7 +234,7 @@ def batch_attention(q, qo_indptr, ks, vs, var):
         o[a:e], mag[a:e] = ob, mb
         if lb is not None:
             lse[a:e] = lb
-    return o, (None if var.sigmoid else lse), mag
+    return o, (lse if var.has_lse() else None), mag
 
 
 # ---- merging --------------------------------------------------------------------------------------

@@ -168,6 +168,11 @@ void plan_on_cpu(AttentionPlan& plan, const SchedulerOptions& scheduler) {
 void run_on_cpu(const AttentionPlan& plan, const RunTensors& t, const TensorView& workspace) {
   cpu::EngineProblem p = begin_problem(plan, t);
   p.user_kernels = static_cast<const cpu::VariantKernels*>(plan.cpu_user_kernels);
+  // A user variant without softmax has no LSE, as sigmoid attention (whose check is api/'s: only
+  // the compiled variant knows its use_softmax). Before anything is written.
+  KVATTN_CHECK(!t.lse.defined() || !p.user_kernels || p.user_kernels->use_softmax(plan.variant),
+               "lse was requested but the user variant ", plan.shape.variant.custom->name,
+               " has use_softmax = false (no lse)");
   switch (plan.kind) {
     case KVKind::paged: add_paged_segments(plan, *t.paged, p); break;
     case KVKind::ragged: add_ragged_segments(plan, t.k, t.v, p); break;
