@@ -131,10 +131,15 @@ const VariantKernels& user_variant_kernels(const CustomVariant& v) {
                               .field(kFlags)
                               .field(source)
                               .hex_digest();
+  // The map is locked for lookups only: a cold compile (seconds) does not block other threads'
+  // warm lookups. Two threads compiling one new variant both install the same file (atomic
+  // rename) and the first to come back publishes its handle (dlopen of one path is one object).
   static std::mutex mutex;
   static std::map<std::string, Loaded> loaded;  // never unloaded: plans may hold the functions
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(key); it != loaded.end()) return *it->second.kernels;
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = loaded.find(key); it != loaded.end()) return *it->second.kernels;
+  }
 
   const fs::path cache = detail::default_cache_dir();
   std::error_code ec;
@@ -166,6 +171,7 @@ const VariantKernels& user_variant_kernels(const CustomVariant& v) {
     if (ec) fs::remove(tmp_so, ec);
   }
   Loaded l = load(so, v.name);
+  std::lock_guard lock(mutex);
   return *loaded.emplace(key, l).first->second.kernels;
 }
 
