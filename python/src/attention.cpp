@@ -238,16 +238,19 @@ void bind_attention(nb::module_& m) {
           [](PyBatchDecode& self, nb::handle page_table, int page_size, int num_qo_heads,
              int num_kv_heads, int head_dim_qk, int head_dim_vo, nb::handle q_dtype,
              nb::handle kv_dtype, nb::handle o_dtype, const PyVariant* variant,
-             std::optional<SchedulerOptions> scheduler, nb::handle stream) {
+             std::optional<SchedulerOptions> scheduler, nb::handle custom_mask, nb::handle mask_indptr,
+             nb::handle stream) {
             BatchDecodePlan p;
             fill_shape(p, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, q_dtype, kv_dtype,
                        o_dtype, variant, scheduler);
-            Held h[3];
+            Held h[3], hm, hmi;
             p.page_table = page_table_arg(page_table, h);
             p.page_size = page_size;
+            p.custom_mask = tensor_arg("custom_mask", custom_mask, hm, false, true);
+            p.mask_indptr = index_arg("mask_indptr", mask_indptr, hmi, true);
             void* s = self.plan_stream(stream);
             self.timed([&] { self.impl.plan(p, s); });
-            self.plan_inputs = nb::borrow(page_table);
+            self.plan_inputs = nb::make_tuple(page_table, custom_mask, mask_indptr);
             self.plan_variant = variant ? nb::find(variant) : nb::object();
             self.planned = planned_from(p);
           },
@@ -255,12 +258,15 @@ void bind_attention(nb::module_& m) {
           nb::arg("num_kv_heads"), nb::arg("head_dim_qk"), nb::arg("head_dim_vo") = 0,
           nb::arg("q_dtype") = "bf16", nb::arg("kv_dtype") = nb::none(),
           nb::arg("o_dtype") = nb::none(), nb::arg("variant") = nb::none(),
-          nb::arg("scheduler") = nb::none(), nb::arg("stream") = nb::none(),
+          nb::arg("scheduler") = nb::none(), nb::arg("custom_mask") = nb::none(),
+          nb::arg("mask_indptr") = nb::none(), nb::arg("stream") = nb::none(),
           "Plans a batch (the fields of kvattn::BatchDecodePlan). page_table: kvattn.PageTable or "
           "(indptr, indices, last_page_len); head_dim_vo 0: head_dim_qk; kv_dtype / o_dtype None: "
           "q_dtype; dtypes as kvattn.DType, 'bf16', numpy or torch dtypes; variant: kvattn.Variant "
-          "(plain by default); scheduler: kvattn.SchedulerOptions. With a CUDA workspace the plan is "
-          "staged on `stream` (None: the workspace framework's current stream).")
+          "(plain by default); scheduler: kvattn.SchedulerOptions; custom_mask (uint8, packed "
+          "little-endian bits, kv_len bits of request b from byte mask_indptr[b]) with a variant that "
+          "has custom_mask on (on a GPU the plan then runs on the prefill kernels). With a CUDA "
+          "workspace the plan is staged on `stream` (None: the workspace framework's current stream).")
       .def(
           "run",
           [](PyBatchDecode& self, nb::handle q, nb::handle kv, nb::handle v, nb::handle out,

@@ -177,3 +177,31 @@ def test_decode_list_page_table(rng):
     vs = ref.gather_paged(f64(v), "NHD", [0, 2], [2, 0], [3], ps)
     want, _, mag = ref.batch_attention(f64(q), [0, 1], ks, vs, ref.Var())
     check_output(out, want, mag, "f32")
+
+
+def test_decode_custom_mask(rng):
+    """BatchDecode with a packed custom mask (kv_len bits per request), composed with a window."""
+    kv_lens = [13, 1, 40, 0]
+    hq, hkv, dqk, ps = 4, 2, 16, 4
+    indptr, indices, last, num_pages = page_table(rng, kv_lens, ps)
+    k, v = make_cache(rng, num_pages, ps, hkv, dqk, dqk, "NHD", "f32")
+    q = cast(rand(rng, (len(kv_lens), hq, dqk)), "f32")
+    masks = [rng.random((1, n)) < 0.6 for n in kv_lens]
+    packed = [np.packbits(m.reshape(-1).astype(np.uint8), bitorder="little") for m in masks]
+    mask_indptr = np.cumsum([0] + [len(b) for b in packed]).astype(np.int32)
+    mask_bytes = np.concatenate(packed + [np.zeros(0, np.uint8)]).astype(np.uint8)
+    variant = kvattn.variants.custom_mask().with_window(10)
+    dec = kvattn.BatchDecode()
+    dec.plan(page_table=(indptr, indices, last), page_size=ps, num_qo_heads=hq, num_kv_heads=hkv,
+             head_dim_qk=dqk, q_dtype="f32", variant=variant, custom_mask=mask_bytes, mask_indptr=mask_indptr)
+    out, lse = dec.run(q, (k, v), return_lse=True)
+    ks = ref.gather_paged(f64(k), "NHD", indptr, indices, last, ps)
+    vs = ref.gather_paged(f64(v), "NHD", indptr, indices, last, ps)
+    var = ref.Var(window_left=10, mask=lambda b, i, j: bool(masks[b][i, j]))
+    want_o, want_lse, mag = ref.batch_attention(f64(q), np.arange(len(kv_lens) + 1), ks, vs, var)
+    check_output(out, want_o, mag, "f32", ref.ACCUMULATION)
+    check_lse(lse, want_lse)
+    with pytest.raises(kvattn.Error, match=r"mask_indptr"):
+        dec.plan(page_table=(indptr, indices, last), page_size=ps, num_qo_heads=hq, num_kv_heads=hkv,
+                 head_dim_qk=dqk, q_dtype="f32", variant=variant, custom_mask=mask_bytes,
+                 mask_indptr=mask_indptr[:-1])
