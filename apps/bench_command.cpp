@@ -307,6 +307,7 @@ void register_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   register_bench_prefill(*bench);  // apps/bench_prefill.cpp
   register_bench_cascade(*bench);  // apps/bench_cascade.cpp
+  register_bench_rope(*bench);     // apps/bench_rope.cpp
   auto* decode = bench->add_subcommand("decode", "paged batch decode: Llama-3-8B (32/8) and MHA 32/32 heads, "
                                                   "head dim 128, page 16, bf16; uniform and skewed batches");
   static DecodeBenchOptions o;

@@ -44,3 +44,5 @@ void register_bench_command(CLI::App& app);
 void register_bench_prefill(CLI::App& bench);
 // `kvattn bench cascade`, registered on the bench subcommand (apps/bench_cascade.cpp).
 void register_bench_cascade(CLI::App& bench);
+// `kvattn bench rope`, registered on the bench subcommand (apps/bench_rope.cpp).
+void register_bench_rope(CLI::App& bench);

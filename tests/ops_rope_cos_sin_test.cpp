@@ -202,7 +202,7 @@ TEST(OpsApplyRopeCosSinErrors, EachBadArgumentIsNamedAndNothingIsWritten) {
   EXPECT_TRUE(throws_with(call(in.buf.view({n, kHq, kD}, {in.rs, in.hs, 1}, 0, cuda),
                                in.buf.view({n, kHk, kD}, {in.rs, in.hs, 1}, kHq * in.hs, cuda), qo.view({n, kHq, kD}, cuda),
                                ko.view({n, kHk, kD}, cuda), P, tb.buf.view({rows, 32}, cuda)),
-                          "q is on cuda:0 but apply_rope_with_cos_sin_cache has no GPU implementation yet"));
+                          "pos_ids is on cpu but q is on cuda:0; with CUDA tensors, pos_ids is an int32 tensor on q's device"));
   Checker c("outputs after rejected calls");
   for (int64_t i = 0; i < qo.size(); ++i) c.truth(qo.poisoned(i), "q_out " + std::to_string(i));
   for (int64_t i = 0; i < ko.size(); ++i) c.truth(ko.poisoned(i), "k_out " + std::to_string(i));

@@ -160,6 +160,91 @@ TEST(OpsApplyRope, InPlaceEqualsOutOfPlaceAndLeavesTheRestAlone) {
     }
 }
 
+// The ragged form: row r of request b at offsets[b] + r - indptr[b], empty requests included, is
+// apply_rope at those positions, bit for bit; in place too.
+TEST(OpsApplyRopeRagged, EqualsApplyRopeAtTheRaggedPositions) {
+  OPS_TEST_RNG(rng);
+  for (DType t : kFloatDtypes)
+    for (bool interleave : {false, true}) {
+      SCOPED_TRACE(std::string(kvattn::dtype_name(t)) + (interleave ? " interleave" : ""));
+      std::vector<int32_t> indptr = {0}, offsets, pos;
+      for (int b = 0; b < 6; ++b) {
+        const int len = b == 2 ? 0 : int(randint(rng, 1, 7));
+        offsets.push_back(int32_t(randint(rng, -5, 900)));
+        for (int i = 0; i < len; ++i) pos.push_back(offsets.back() + i);
+        indptr.push_back(indptr.back() + len);
+      }
+      const int64_t nnz = indptr.back();
+      Qkv in(t, nnz, rng);
+      kvattn::RopeOptions opt;
+      opt.interleave = interleave;
+      opt.rotary_dim = 48;
+      opt.llama31 = kvattn::Llama31Scaling{};
+      Buf qa(t, nnz * kHq * kD), ka(t, nnz * kHk * kD), qb(t, nnz * kHq * kD), kb(t, nnz * kHk * kD);
+      kvattn::apply_rope(in.q(), in.k(), qa.view({nnz, kHq, kD}), ka.view({nnz, kHk, kD}), i32_view(pos), opt);
+      kvattn::apply_rope_ragged(in.q(), in.k(), qb.view({nnz, kHq, kD}), kb.view({nnz, kHk, kD}), i32_view(indptr),
+                                i32_view(offsets), opt);
+      Checker c("ragged vs pos_ids");
+      for (int64_t i = 0; i < qa.size(); ++i) c.exact(qb.bits(i), qa.bits(i), "q " + std::to_string(i));
+      for (int64_t i = 0; i < ka.size(); ++i) c.exact(kb.bits(i), ka.bits(i), "k " + std::to_string(i));
+      kvattn::apply_rope_ragged(in.q(), in.k(), in.q(), in.k(), i32_view(indptr), i32_view(offsets), opt);
+      for (int64_t r = 0; r < nnz; ++r)
+        for (int e = 0; e < kD; ++e) {
+          for (int h = 0; h < kHq; ++h) c.exact(in.buf.bits(in.q_off(r, h, e)), qa.bits((r * kHq + h) * kD + e), "in place q" + idx({r, h, e}));
+          for (int h = 0; h < kHk; ++h) c.exact(in.buf.bits(in.k_off(r, h, e)), ka.bits((r * kHk + h) * kD + e), "in place k" + idx({r, h, e}));
+        }
+      EXPECT_TRUE(c.result());
+    }
+}
+
+TEST(OpsApplyRopeRaggedErrors, EachBadArgumentIsNamedAndNothingIsWritten) {
+  OPS_TEST_RNG(rng);
+  const int64_t n = 5;
+  Qkv in(DType::bf16, n, rng);
+  Buf qo(DType::bf16, n * kHq * kD), ko(DType::bf16, n * kHk * kD);
+  std::vector<int32_t> indptr = {0, 2, 5}, offsets = {0, 7}, short_ind = {0, 2, 4}, down = {0, 3, 2, 5},
+                       three = {0, 1, 2}, big = {0, 2147483646}, f32_bits(2, 0);
+  auto call = [&](std::vector<int32_t>& ind, std::vector<int32_t>& off, kvattn::RopeOptions o = {}) {
+    return [&, o] {
+      kvattn::apply_rope_ragged(in.q(), in.k(), qo.view({n, kHq, kD}), ko.view({n, kHk, kD}), i32_view(ind), i32_view(off), o);
+    };
+  };
+  EXPECT_TRUE(throws_with(call(short_ind, offsets), "indptr[2] = 4 but q has 5 rows (q.shape[0]); the requests must cover every row"));
+  EXPECT_TRUE(throws_with(call(down, three), "indptr is not non-decreasing at 2: indptr[1] = 3, indptr[2] = 2"));
+  EXPECT_TRUE(throws_with(call(indptr, three), "offsets has 3 elements but 2 are expected"));
+  EXPECT_TRUE(throws_with(call(indptr, big), "row 4 of request 1 is at position offsets[1] + 2 = 2147483648, past int32"));
+  kvattn::RopeOptions odd;
+  odd.rotary_dim = 5;
+  EXPECT_TRUE(throws_with(call(indptr, offsets, odd), "rotary_dim = 5 must be even"));
+  EXPECT_TRUE(throws_with([&] {
+                kvattn::apply_rope_ragged(in.q(), in.k(), qo.view({n, kHq, kD}), ko.view({n, kHk, kD}),
+                                          kvattn::TensorView(f32_bits.data(), DType::f32, {2}), i32_view(offsets));
+              },
+                          "indptr has dtype f32 but i32 is expected"));
+  // An output over the offsets: rejected as any overlap.
+  std::vector<int32_t> store(size_t(n * kHk * kD), 0);
+  store[0] = 0, store[1] = 7;
+  const kvattn::TensorView k_over(store.data(), DType::bf16, {n, kHk, kD});
+  EXPECT_TRUE(throws_with([&] {
+                kvattn::apply_rope_ragged(in.q(), in.k(), qo.view({n, kHq, kD}), k_over, i32_view(indptr),
+                                          kvattn::TensorView(store.data(), DType::i32, {2}));
+              },
+                          "overlaps offsets"));
+  const auto cuda = kvattn::Device::cuda(0);
+  EXPECT_TRUE(throws_with([&] {
+                kvattn::apply_rope_ragged(in.buf.view({n, kHq, kD}, {in.rs, in.hs, 1}, 0, cuda),
+                                          in.buf.view({n, kHk, kD}, {in.rs, in.hs, 1}, kHq * in.hs, cuda),
+                                          qo.view({n, kHq, kD}, cuda), ko.view({n, kHk, kD}, cuda), i32_view(indptr),
+                                          i32_view(offsets));
+              },
+                          "indptr is on cpu but q is on cuda:0; with CUDA tensors, indptr is an int32 tensor on q's device"));
+  Checker c("outputs after rejected calls");
+  for (int64_t i = 0; i < qo.size(); ++i) c.truth(qo.poisoned(i), "q_out " + std::to_string(i));
+  for (int64_t i = 0; i < ko.size(); ++i) c.truth(ko.poisoned(i), "k_out " + std::to_string(i));
+  EXPECT_TRUE(c.result());
+  EXPECT_NO_THROW(call(indptr, offsets)());
+}
+
 TEST(OpsApplyRopeErrors, EachBadArgumentIsNamedAndNothingIsWritten) {
   OPS_TEST_RNG(rng);
   const int64_t n = 5;
@@ -205,15 +290,12 @@ TEST(OpsApplyRopeErrors, EachBadArgumentIsNamedAndNothingIsWritten) {
   EXPECT_TRUE(throws_with(call(Q, K, in.buf.view({n, kHq, kD}, {in.rs, in.hs + 1, 1}), KO, P),
                           "q_out aliases q with other strides"));
   EXPECT_TRUE(throws_with(call(Q, K, QO, ko.view({n, kHk, kD}, kvattn::Device::cuda(0)), P), "k_out is on cuda:0 but q is on cpu"));
+  // CUDA tensors take their positions on the device (tests/gpu_rope_test.cpp has the GPU cases;
+  // these views of host memory never reach a launch).
   const auto cuda = kvattn::Device::cuda(0);
-#if KVATTN_WITH_CUDA
-  const char* no_gpu_rope = "q is on cuda:0 but apply_rope has no GPU implementation yet; pass host (cpu) tensors";
-#else
-  const char* no_gpu_rope = "q is on cuda:0 but this build of kvattn has no CUDA backend; pass host (cpu) tensors";
-#endif
   EXPECT_TRUE(throws_with(call(in.buf.view({n, kHq, kD}, {in.rs, in.hs, 1}, 0, cuda), in.buf.view({n, kHk, kD}, {in.rs, in.hs, 1}, kHq * in.hs, cuda),
                                qo.view({n, kHq, kD}, cuda), ko.view({n, kHk, kD}, cuda), P),
-                          no_gpu_rope));
+                          "pos_ids is on cpu but q is on cuda:0; with CUDA tensors, pos_ids is an int32 tensor on q's device"));
   Checker c("outputs after rejected calls");
   for (int64_t i = 0; i < qo.size(); ++i) c.truth(qo.poisoned(i), "q_out " + std::to_string(i));
   for (int64_t i = 0; i < ko.size(); ++i) c.truth(ko.poisoned(i), "k_out " + std::to_string(i));

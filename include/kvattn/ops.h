@@ -1,7 +1,7 @@
 // Stand-alone operations: merging attention states, appending to the paged cache, RoPE.
 //
-// CPU and CUDA tensors. All tensors of one call live on one device; the call runs there (apply_rope:
-// CPU only so far). On CUDA tensors (builds with the CUDA backend) a call validates on the host what
+// CPU and CUDA tensors. All tensors of one call live on one device; the call runs there. On CUDA
+// tensors (builds with the CUDA backend) a call validates on the host what
 // it can without reading device memory (shapes, dtypes, devices, strides, and that every pointer is
 // aligned to its element size), then only launches a kernel on `stream` (a cudaStream_t; null: the
 // legacy default stream) on the tensors' device: it allocates nothing, does not synchronise, and
@@ -76,24 +76,46 @@ struct RopeOptions : RopeConfig {
   int rotary_dim = 0;  // leading dims rotated; 0: the whole head dim
 };
 
-// q [nnz, Hq, D], k [nnz, Hk, D] (f32/f16/bf16) rotated by pos_ids [nnz] (int32, host) into q_out,
+// q [nnz, Hq, D], k [nnz, Hk, D] (f32/f16/bf16) rotated by pos_ids [nnz] (int32) into q_out,
 // k_out (the dtypes and shapes of q and k; q_out may alias q and k_out k exactly, in place, and no
 // other pair may overlap: a k_out over q would rotate k from an already rotated q). The
 // first rotary_dim (even, <= D) elements of each head are rotated (SEMANTICS.md, with d =
 // rotary_dim in the frequency); the rest are copied unchanged. Computed in f32 with the same code
 // as the fused RoPE of attention.
+//
+// Where pos_ids lives, and what is checked (the same for the ragged form and the cos/sin table):
+//  - CPU tensors: pos_ids is a contiguous host array, read before anything is written.
+//  - CUDA tensors: pos_ids is an int32 tensor on q's device (any stride; host arrays are rejected,
+//    nothing is copied); its values are never read by the host. Every position is legal for
+//    apply_rope. The GPU computes what the CPU computes, with CUDA's sincosf and powf in place of
+//    the C library's cosf, sinf and powf (a last-bit difference of an f32 angle moves a rotated
+//    element by up to ~|angle| ulps of it, as on the CPU against exact arithmetic). rotary_dim is at
+//    most cuda::kMaxGpuRotaryDim (8192); q and k may have different dtypes (then two launches).
 void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
                 const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options = {},
                 void* stream = nullptr);
 
+// apply_rope of a ragged batch (FlashInfer's apply_rope(q, k, indptr, offsets)): row r of request b
+// (indptr[b] <= r < indptr[b + 1]; indptr [B + 1] int32, indptr[0] = 0, non-decreasing) is at
+// position offsets[b] + r - indptr[b] (offsets [B] int32). On the CPU both are host arrays,
+// checked (indptr[B] = nnz, positions within int32); on the GPU both are contiguous int32 tensors
+// on q's device, and a row the kernel cannot place (not inside [indptr[b], indptr[b + 1]) for the
+// b its binary search over indptr finds, or a position past int32) is skipped: nothing is written
+// for it. Otherwise as apply_rope.
+void apply_rope_ragged(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                       const TensorView& k_out, const TensorView& indptr, const TensorView& offsets,
+                       const RopeOptions& options = {}, void* stream = nullptr);
+
 // RoPE with precomputed cos/sin (vLLM's and SGLang's form; FlashInfer's
 // apply_rope_with_cos_sin_cache): row p of cos_sin_cache [max_position, rotary_dim] (f32, any row
 // stride, on q's device) holds cos(p f_t) for t < rotary_dim / 2, then sin(p f_t); row r of q and
-// k is rotated by row pos_ids[r] (int32 host array, each in [0, max_position)). The pair of t is
-// (x[t], x[t + rotary_dim / 2]) or, interleaved, (x[2t], x[2t + 1]); (x0, x1) <- (x0 c - x1 s,
+// k is rotated by row pos_ids[r] (int32, as apply_rope: a host array for CPU tensors, each in
+// [0, max_position), checked; a tensor on q's device for CUDA tensors, whose rows with a position
+// outside [0, max_position) are skipped by the kernel: nothing is written for them). The pair of t
+// is (x[t], x[t + rotary_dim / 2]) or, interleaved, (x[2t], x[2t + 1]); (x0, x1) <- (x0 c - x1 s,
 // x1 c + x0 s) in f32; rotary_dim (even, <= the head dim) is the cache's width, and the elements
 // past it are copied. Shapes, dtypes, strides and aliasing as apply_rope (q_out may be q and
-// k_out k exactly). CPU tensors only so far.
+// k_out k exactly). The GPU writes the CPU's bits (NaN payloads aside).
 void apply_rope_with_cos_sin_cache(const TensorView& q, const TensorView& k, const TensorView& q_out,
                                    const TensorView& k_out, const TensorView& pos_ids,
                                    const TensorView& cos_sin_cache, bool interleave = false,

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,6 +28,7 @@
 #if KVATTN_WITH_CUDA
 #include "cuda/append_kernels.h"
 #include "cuda/merge_kernels.h"
+#include "cuda/rope_kernels.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -118,7 +120,6 @@ void set_merge_output(cpu::MergeProblem& p, const TensorView& v, const TensorVie
   p.so_head = s.stride(1);
 }
 
-#if KVATTN_WITH_CUDA
 // The GPU kernels access whole elements (a misaligned access is a sticky CUDA error).
 void check_element_aligned(std::string_view name, const TensorView& t) {
   const size_t esz = dtype_size(t.dtype());
@@ -126,6 +127,8 @@ void check_element_aligned(std::string_view name, const TensorView& t) {
                t.data(), ", which is not a multiple of its element size (", esz, " bytes, ",
                t.describe(), "); the GPU kernels access whole elements");
 }
+
+#if KVATTN_WITH_CUDA
 
 // Whether every head vector of t starts on a multiple of 4 elements (the merge kernels then move
 // 4 elements per access): the start and every stride but the last.
@@ -515,31 +518,40 @@ Device check_rope_tensors(const TensorView& q, const TensorView& k, const Tensor
   return dev;
 }
 
-// q_out may be q itself and k_out k itself (in place); nothing else may share memory, so k_out
-// never overwrites q (or q_out k, or either the positions or the table) before it is read.
-void check_rope_outputs(const TensorView& q, const TensorView& k, const TensorView& q_out,
-                        const TensorView& k_out, const TensorView& pos_ids,
-                        const TensorView& cos_sin_cache = {}) {
-  check_outputs({{"q_out", &q_out}, {"k_out", &k_out}},
-                {{"q", &q, "q_out"}, {"k", &k, "k_out"}, {"pos_ids", &pos_ids, ""},
-                 {"cos_sin_cache", &cos_sin_cache, ""}});
+// An index array of a CUDA call (pos_ids, indptr, offsets): 1-D int32 on q's device, element-aligned,
+// of `len` elements when len >= 0, contiguous if asked. Its values are the kernel's to check.
+void check_device_index_array(std::string_view name, const TensorView& t, Device dev, int64_t len,
+                              bool contiguous) {
+  validate::ndim(name, t, 1);
+  validate::dtype(name, t, DType::i32);
+  KVATTN_CHECK(t.device() == dev, name, " is on ", t.device().str(), " but q is on ", dev.str(),
+               "; with CUDA tensors, ", name, " is an int32 tensor on q's device");
+  if (contiguous) KVATTN_CHECK(t.size(0) <= 1 || t.stride(0) == 1, name, " must be contiguous, got ", t.describe());
+  if (len >= 0) KVATTN_CHECK(t.size(0) == len, name, " has ", t.size(0), " elements but ", len, " are expected");
+  check_data(name, t);
+  check_element_aligned(name, t);
 }
 
-cpu::RopeSide cpu_rope_side(const TensorView& in, const TensorView& out) {
-  return cpu::RopeSide{static_cast<const char*>(in.data()), static_cast<char*>(out.data()),
-                       in.dtype(), in.stride(0), in.stride(1), out.stride(0), out.stride(1),
-                       int(in.size(1))};
-}
+// Everything a RoPE call resolved before it runs.
+struct RopeCall {
+  Device dev;
+  int64_t nnz = 0;
+  int head_dim = 0, rotary_dim = 0;
+  bool interleave = false, llama31 = false;
+  kernels::VariantParams vp;         // computed cos/sin
+  const TensorView* table = nullptr;  // apply_rope_with_cos_sin_cache
+  // CPU: the positions, validated (and for a ragged batch computed here).
+  const int32_t* host_pos = nullptr;
+  std::vector<int32_t> host_pos_storage;
+  // CUDA: the device arrays (pos_ids, or indptr + offsets).
+  const TensorView* pos_ids = nullptr;
+  const TensorView* indptr = nullptr;
+  const TensorView* offsets = nullptr;
+};
 
-}  // namespace
-
-void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
-                const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options,
-                void* stream) {
-  const Device dev = check_rope_tensors(q, k, q_out, k_out);
-  const int64_t nnz = q.size(0), D = q.size(2);
-  auto pos = validate::int32_array("pos_ids", pos_ids, nnz);
-
+// rotary_dim and the frequencies of RopeOptions (apply_rope and its ragged form).
+void resolve_rope_options(RopeCall& c, const RopeOptions& options) {
+  const int64_t D = c.head_dim;
   const int rd = options.rotary_dim == 0 ? int(D) : options.rotary_dim;
   KVATTN_CHECK(options.rotary_dim >= 0, "rotary_dim = ", options.rotary_dim,
                " must be >= 0 (0: the whole head dim)");
@@ -551,9 +563,8 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
                options.rope_theta, " must be finite and > 0");
   KVATTN_CHECK(std::isfinite(options.rope_scale) && options.rope_scale > 0, "rope_scale = ",
                options.rope_scale, " must be finite and > 0");
-  kernels::VariantParams vp;
-  vp.rope_theta = options.rope_theta;
-  vp.rope_scale = options.rope_scale;
+  c.vp.rope_theta = options.rope_theta;
+  c.vp.rope_scale = options.rope_scale;
   if (options.llama31) {
     const Llama31Scaling& l = *options.llama31;
     KVATTN_CHECK(std::isfinite(l.factor) && l.factor > 0, "llama31.factor = ", l.factor,
@@ -565,72 +576,229 @@ void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_ou
                      std::isfinite(l.high_freq_factor) && l.high_freq_factor > l.low_freq_factor,
                  "llama31 needs 0 < low_freq_factor < high_freq_factor, got low_freq_factor = ",
                  l.low_freq_factor, ", high_freq_factor = ", l.high_freq_factor);
-    vp.llama31_factor = l.factor;
-    vp.llama31_low_freq_factor = l.low_freq_factor;
-    vp.llama31_high_freq_factor = l.high_freq_factor;
-    vp.llama31_original_max_position = l.original_max_position;
+    c.vp.llama31_factor = l.factor;
+    c.vp.llama31_low_freq_factor = l.low_freq_factor;
+    c.vp.llama31_high_freq_factor = l.high_freq_factor;
+    c.vp.llama31_original_max_position = l.original_max_position;
   }
-  check_rope_outputs(q, k, q_out, k_out, pos_ids);
-#if KVATTN_WITH_CUDA
-  KVATTN_CHECK(dev.is_cpu(), "q is on ", dev.str(),
-               " but apply_rope has no GPU implementation yet; pass host (cpu) tensors");
-#else
-  check_backend("q", q);
-#endif
+  c.rotary_dim = rd;
+  c.interleave = options.interleave;
+  c.llama31 = options.llama31.has_value();
+}
 
+// q_out may be q itself and k_out k itself (in place); nothing else may share memory, so k_out
+// never overwrites q (or q_out k, or either the positions or the table) before it is read.
+void check_rope_outputs(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                        const TensorView& k_out, std::initializer_list<Input> others) {
+  std::vector<Input> inputs = {{"q", &q, "q_out"}, {"k", &k, "k_out"}};
+  inputs.insert(inputs.end(), others.begin(), others.end());
+  for (const Output& o : {Output{"q_out", &q_out}, Output{"k_out", &k_out}}) validate::no_self_overlap(o.name, *o.t);
+  validate::no_overlap("q_out", q_out, "k_out", k_out);
+  for (const Output& o : {Output{"q_out", &q_out}, Output{"k_out", &k_out}})
+    for (const Input& i : inputs) {
+      if (!i.t->defined()) continue;
+      validate::no_overlap(o.name, *o.t, i.name, *i.t, i.exact_alias_of == o.name);
+    }
+}
+
+cpu::RopeSide cpu_rope_side(const TensorView& in, const TensorView& out) {
+  return cpu::RopeSide{static_cast<const char*>(in.data()), static_cast<char*>(out.data()),
+                       in.dtype(), in.stride(0), in.stride(1), out.stride(0), out.stride(1),
+                       int(in.size(1))};
+}
+
+void rope_cpu(const RopeCall& c, const TensorView& q, const TensorView& k, const TensorView& q_out,
+              const TensorView& k_out) {
   cpu::RopeProblem p;
-  p.num_rows = nnz;
-  p.head_dim = int(D);
-  p.rotary_dim = rd;
-  p.interleave = options.interleave;
-  p.llama31 = options.llama31.has_value();
-  p.params = vp;
-  p.pos_ids = pos.data();
+  p.num_rows = c.nnz;
+  p.head_dim = c.head_dim;
+  p.rotary_dim = c.rotary_dim;
+  p.interleave = c.interleave;
+  p.llama31 = c.llama31;
+  p.params = c.vp;
+  p.pos_ids = c.host_pos;
+  if (c.table) {
+    p.cos_sin = c.table->data_as<const float>();
+    p.cos_sin_row = c.table->stride(0);
+  }
   p.q = cpu_rope_side(q, q_out);
   p.k = cpu_rope_side(k, k_out);
   cpu::rope(p);
 }
 
+// The CUDA path, after every check both backends share: the kernels' own requirements, then one
+// launch (two when q and k have different dtypes) on `stream`.
+void rope_gpu(const RopeCall& c, const TensorView& q, const TensorView& k, const TensorView& q_out,
+              const TensorView& k_out, void* stream) {
+#if KVATTN_WITH_CUDA
+  for (auto [name, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"q_out", &q_out}, std::pair{"k_out", &k_out}}) {
+    check_element_aligned(name, *t);
+    check_small_dims(name, *t);
+  }
+  if (c.table) check_element_aligned("cos_sin_cache", *c.table);
+  KVATTN_CHECK(c.rotary_dim <= cuda::kMaxGpuRotaryDim, "rotary_dim = ", c.rotary_dim, " exceeds ",
+               cuda::kMaxGpuRotaryDim, ", the most the GPU kernels rotate (a CTA keeps its rows' cos/sin "
+               "in shared memory)");
+  check_backend("q", q);
+
+  kernels::RopeParams p;
+  p.num_rows = c.nnz;
+  p.head_dim = c.head_dim;
+  p.rotary_dim = c.rotary_dim;
+  // In place on both sides, the elements past rotary_dim are left as they are; else copied.
+  p.copy_rest = !(validate::same_view(q, q_out) && validate::same_view(k, k_out));
+  if (c.indptr) {
+    p.indptr = c.indptr->data_as<const int32_t>();
+    p.offsets = c.offsets->data_as<const int32_t>();
+    p.batch_size = int32_t(c.indptr->size(0) - 1);
+  } else {
+    p.pos_ids = c.pos_ids->data_as<const int32_t>();
+    p.pos_stride = c.pos_ids->stride(0);
+  }
+  if (c.table) {
+    p.cos_sin = c.table->data_as<const float>();
+    p.cos_sin_row = c.table->stride(0);
+    p.cos_sin_rows = c.table->size(0);
+  }
+  p.rope = c.vp;
+  p.llama31 = c.llama31;
+  auto side = [](const TensorView& in, const TensorView& out) {
+    kernels::RopeSideParams s;
+    s.in = in.data(), s.out = out.data();
+    s.in_row = in.stride(0), s.in_head = in.stride(1), s.out_row = out.stride(0), s.out_head = out.stride(1);
+    s.num_heads = int32_t(in.size(1));
+    return s;
+  };
+  // 16-byte accesses when every address and stride allows them.
+  auto config = [&](DType t, std::initializer_list<const TensorView*> views) {
+    const int64_t esz = int64_t(dtype_size(t));
+    std::vector<int64_t> bytes;
+    for (const TensorView* v : views) {
+      bytes.push_back(int64_t(reinterpret_cast<uintptr_t>(v->data())));
+      for (int d = 0; d < 2; ++d)
+        if (v->size(d) > 1) bytes.push_back(v->stride(d) * esz);
+    }
+    cuda::RopeKernelConfig cfg;
+    cfg.dtype = t;
+    cfg.pairs = c.interleave ? kernels::RopePairs::interleaved : kernels::RopePairs::rotate_half;
+    cfg.cos_sin = c.table ? kernels::RopeCosSin::table : kernels::RopeCosSin::computed;
+    bool vec = true;
+    for (int64_t b : bytes) vec = vec && b % 16 == 0;
+    cfg.vector_bytes = vec && cuda::rope_vectorizable(cfg.pairs, c.head_dim, c.rotary_dim, int(16 / esz)) ? 16 : 0;
+    return cfg;
+  };
+  cuda::DeviceGuard guard(c.dev.index);
+  if (q.dtype() == k.dtype()) {
+    p.q = side(q, q_out);
+    p.k = side(k, k_out);
+    cuda::launch_rope(p, config(q.dtype(), {&q, &k, &q_out, &k_out}), as_stream(stream));
+    return;
+  }
+  kernels::RopeParams one = p;  // one launch per dtype
+  one.q = side(q, q_out);
+  cuda::launch_rope(one, config(q.dtype(), {&q, &q_out}), as_stream(stream));
+  one.q = side(k, k_out);
+  cuda::launch_rope(one, config(k.dtype(), {&k, &k_out}), as_stream(stream));
+#else
+  (void)c, (void)k, (void)q_out, (void)k_out, (void)stream;
+  check_backend("q", q);
+#endif
+}
+
+void run_rope(const RopeCall& c, const TensorView& q, const TensorView& k, const TensorView& q_out,
+              const TensorView& k_out, void* stream) {
+  if (c.dev.is_cpu()) rope_cpu(c, q, k, q_out, k_out);
+  else rope_gpu(c, q, k, q_out, k_out, stream);
+}
+
+}  // namespace
+
+void apply_rope(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                const TensorView& k_out, const TensorView& pos_ids, const RopeOptions& options,
+                void* stream) {
+  RopeCall c;
+  c.dev = check_rope_tensors(q, k, q_out, k_out);
+  c.nnz = q.size(0);
+  c.head_dim = int(q.size(2));
+  if (c.dev.is_cpu()) {
+    c.host_pos = validate::int32_array("pos_ids", pos_ids, c.nnz).data();
+  } else {
+    check_device_index_array("pos_ids", pos_ids, c.dev, c.nnz, false);
+    c.pos_ids = &pos_ids;
+  }
+  resolve_rope_options(c, options);
+  check_rope_outputs(q, k, q_out, k_out, {{"pos_ids", &pos_ids, ""}});
+  run_rope(c, q, k, q_out, k_out, stream);
+}
+
+void apply_rope_ragged(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                       const TensorView& k_out, const TensorView& indptr, const TensorView& offsets,
+                       const RopeOptions& options, void* stream) {
+  RopeCall c;
+  c.dev = check_rope_tensors(q, k, q_out, k_out);
+  c.nnz = q.size(0);
+  c.head_dim = int(q.size(2));
+  if (c.dev.is_cpu()) {
+    auto ind = validate::indptr("indptr", indptr);
+    const int64_t batch = int64_t(ind.size()) - 1;
+    KVATTN_CHECK(ind.back() == c.nnz, "indptr[", batch, "] = ", ind.back(), " but q has ", c.nnz,
+                 " rows (q.shape[0]); the requests must cover every row");
+    auto off = validate::int32_array("offsets", offsets, batch);
+    c.host_pos_storage.resize(size_t(c.nnz));
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t r = ind[b]; r < ind[b + 1]; ++r) {
+        const int64_t pos = int64_t(off[size_t(b)]) + (r - ind[b]);
+        KVATTN_CHECK(pos <= INT32_MAX, "row ", r, " of request ", b, " is at position offsets[", b, "] + ",
+                     r - ind[b], " = ", pos, ", past int32");
+        c.host_pos_storage[size_t(r)] = int32_t(pos);
+      }
+    c.host_pos = c.host_pos_storage.data();
+  } else {
+    check_device_index_array("indptr", indptr, c.dev, -1, true);
+    KVATTN_CHECK(indptr.size(0) >= 1, "indptr must have at least one element (batch_size + 1)");
+    KVATTN_CHECK(indptr.size(0) - 1 <= INT32_MAX, "indptr has ", indptr.size(0), " elements, too many requests");
+    check_device_index_array("offsets", offsets, c.dev, indptr.size(0) - 1, true);
+    c.indptr = &indptr;
+    c.offsets = &offsets;
+  }
+  resolve_rope_options(c, options);
+  check_rope_outputs(q, k, q_out, k_out, {{"indptr", &indptr, ""}, {"offsets", &offsets, ""}});
+  run_rope(c, q, k, q_out, k_out, stream);
+}
+
 void apply_rope_with_cos_sin_cache(const TensorView& q, const TensorView& k, const TensorView& q_out,
                                    const TensorView& k_out, const TensorView& pos_ids,
                                    const TensorView& cos_sin_cache, bool interleave, void* stream) {
-  const Device dev = check_rope_tensors(q, k, q_out, k_out);
-  const int64_t nnz = q.size(0), D = q.size(2);
-  auto pos = validate::int32_array("pos_ids", pos_ids, nnz);
-
+  RopeCall c;
+  c.dev = check_rope_tensors(q, k, q_out, k_out);
+  c.nnz = q.size(0);
+  c.head_dim = int(q.size(2));
+  std::span<const int32_t> pos;
+  if (c.dev.is_cpu()) {
+    pos = validate::int32_array("pos_ids", pos_ids, c.nnz);
+    c.host_pos = pos.data();
+  } else {
+    check_device_index_array("pos_ids", pos_ids, c.dev, c.nnz, false);
+    c.pos_ids = &pos_ids;
+  }
   validate::ndim("cos_sin_cache", cos_sin_cache, 2);
   validate::dtype("cos_sin_cache", cos_sin_cache, DType::f32);
   validate::last_dim_contiguous("cos_sin_cache", cos_sin_cache);
-  validate::same_device("cos_sin_cache", cos_sin_cache, dev, "q");
+  validate::same_device("cos_sin_cache", cos_sin_cache, c.dev, "q");
   check_data("cos_sin_cache", cos_sin_cache);
   const int64_t max_pos = cos_sin_cache.size(0), rd = cos_sin_cache.size(1);
   KVATTN_CHECK(rd >= 2 && rd % 2 == 0, "cos_sin_cache.shape[1] = ", rd,
                " (rotary_dim: the cos of rotary_dim / 2 frequencies, then their sin) must be even "
                "and >= 2");
-  KVATTN_CHECK(rd <= D, "cos_sin_cache.shape[1] = ", rd, " (rotary_dim) exceeds the head dim ", D);
-  for (int64_t r = 0; r < nnz; ++r)
-    KVATTN_CHECK(pos[size_t(r)] >= 0 && pos[size_t(r)] < max_pos, "pos_ids[", r, "] = ", pos[size_t(r)],
+  KVATTN_CHECK(rd <= c.head_dim, "cos_sin_cache.shape[1] = ", rd, " (rotary_dim) exceeds the head dim ", c.head_dim);
+  for (size_t r = 0; r < pos.size(); ++r)
+    KVATTN_CHECK(pos[r] >= 0 && pos[r] < max_pos, "pos_ids[", r, "] = ", pos[r],
                  " is out of range [0, ", max_pos, ") (the rows of cos_sin_cache)");
-  check_rope_outputs(q, k, q_out, k_out, pos_ids, cos_sin_cache);
-#if KVATTN_WITH_CUDA
-  KVATTN_CHECK(dev.is_cpu(), "q is on ", dev.str(),
-               " but apply_rope_with_cos_sin_cache has no GPU implementation yet; pass host (cpu) "
-               "tensors");
-#else
-  check_backend("q", q);
-#endif
-
-  cpu::RopeProblem p;
-  p.num_rows = nnz;
-  p.head_dim = int(D);
-  p.rotary_dim = int(rd);
-  p.interleave = interleave;
-  p.pos_ids = pos.data();
-  p.cos_sin = cos_sin_cache.data_as<const float>();
-  p.cos_sin_row = cos_sin_cache.stride(0);
-  p.q = cpu_rope_side(q, q_out);
-  p.k = cpu_rope_side(k, k_out);
-  cpu::rope(p);
+  c.rotary_dim = int(rd);
+  c.interleave = interleave;
+  c.table = &cos_sin_cache;
+  check_rope_outputs(q, k, q_out, k_out, {{"pos_ids", &pos_ids, ""}, {"cos_sin_cache", &cos_sin_cache, ""}});
+  run_rope(c, q, k, q_out, k_out, stream);
 }
 
 }  // namespace kvattn

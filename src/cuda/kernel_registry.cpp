@@ -6,6 +6,7 @@
 #include "cuda/decode_kernels.h"
 #include "cuda/merge_kernels.h"
 #include "cuda/prefill_kernels.h"
+#include "cuda/rope_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
 
@@ -69,6 +70,22 @@ std::vector<RegisteredKernel> merge_kernels() {
     out.push_back({merge_pair_spec(t, t, "sm_80").name,
                    [t](const std::string& arch) { return merge_pair_spec(t, t, arch); }});
   }
+  return out;
+}
+
+// The RoPE kernels (apply_rope, apply_rope_with_cos_sin_cache): every dtype, pairing, cos/sin
+// source and access width (`all`), or the 16-byte f16/bf16 ones a deployment runs (the default
+// preset).
+std::vector<RegisteredKernel> rope_kernels(bool all) {
+  std::vector<RegisteredKernel> out;
+  for (DType t : {DType::bf16, DType::f16, DType::f32})
+    for (auto pairs : {kernels::RopePairs::rotate_half, kernels::RopePairs::interleaved})
+      for (auto source : {kernels::RopeCosSin::computed, kernels::RopeCosSin::table})
+        for (int vec : {16, 0}) {
+          if (!all && (t == DType::f32 || vec == 0)) continue;
+          const RopeKernelConfig c{t, pairs, source, vec};
+          out.push_back({c.name(), [c](const std::string& arch) { return rope_spec(c, arch); }});
+        }
   return out;
 }
 
@@ -179,7 +196,7 @@ std::vector<RegisteredKernel> prefill_bench_kernels(const detail::Overrides& ov)
 std::vector<Preset> build(const detail::Overrides& ov) {
   std::vector<Preset> p;
   // What a serving deployment needs: precompiled by default, compiled in CI.
-  p.push_back({"default", "the kernels a typical deployment uses (merge, paged decode, prefill)", {}});
+  p.push_back({"default", "the kernels a typical deployment uses (merge, paged decode, prefill, append, RoPE)", {}});
   auto merge = merge_kernels();
   auto decode = decode_kernels(ov);
   auto prefill = prefill_kernels(ov);
@@ -187,7 +204,12 @@ std::vector<Preset> build(const detail::Overrides& ov) {
   p[0].kernels.insert(p[0].kernels.end(), decode.begin(), decode.end());
   p[0].kernels.push_back({"append_paged_kv", [](const std::string& arch) { return append_paged_spec(arch); }});
   p[0].kernels.insert(p[0].kernels.end(), prefill.begin(), prefill.end());
+  auto rope = rope_kernels(false);
+  p[0].kernels.insert(p[0].kernels.end(), rope.begin(), rope.end());
   p.push_back({"merge", "merge_states and merge_state for f32, f16, bf16", merge});
+  p.push_back({"rope", "apply_rope and apply_rope_with_cos_sin_cache: f32/f16/bf16, rotate-half and interleaved, "
+                       "computed and table cos/sin, 16-byte and scalar accesses",
+               rope_kernels(true)});
   // The transposed tensor-core decode (KVATTN_DECODE_KERNEL=transposed), compiled here only.
   for (auto [t, hd, group, features] : {std::tuple{DType::bf16, 128, 4, 0u}, std::tuple{DType::bf16, 128, 8, 0u},
                                         std::tuple{DType::f16, 64, 16, 0u}, std::tuple{DType::bf16, 256, 1, 0u},
