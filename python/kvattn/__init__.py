@@ -46,6 +46,7 @@ from ._kvattn import (  # noqa: F401
     alibi_slope,
     append_paged_kv_cache,
     apply_rope,
+    apply_rope_ragged,
     apply_rope_with_cos_sin_cache,
     cpu_num_threads,
     dtype_size,
@@ -58,12 +59,11 @@ from ._kvattn import (  # noqa: F401
 from . import variants
 
 __all__ = [
-    "BSRMatrix", "BatchDecode", "BatchPrefill", "BlockSparseAttention", "CostModel", "CustomVariant",
-    "DType",
-    "DTypeError", "Error", "GraphCapacity", "KVLayout", "Llama31Scaling", "MAX_KV_LEN",
-    "MAX_TOTAL_TOKENS", "MergeEntry", "PageTable", "Plan", "Planner", "RopeConfig",
+    "BSRMatrix", "BatchDecode", "BatchPrefill", "BlockSparseAttention", "CostModel",
+    "CustomVariant", "DType", "DTypeError", "Error", "GraphCapacity", "KVLayout", "Llama31Scaling",
+    "MAX_KV_LEN", "MAX_TOTAL_TOKENS", "MergeEntry", "PageTable", "Plan", "Planner", "RopeConfig",
     "SchedulerOptions", "TileShape", "Variant", "WorkItem", "__version__", "alibi_slope",
-    "append_paged_kv_cache", "apply_rope", "apply_rope_with_cos_sin_cache", "cpu_num_threads",
-    "dtype_size", "has_cuda_backend", "make_plan", "merge_state", "merge_state_in_place",
-    "merge_states", "variants",
+    "append_paged_kv_cache", "apply_rope", "apply_rope_ragged", "apply_rope_with_cos_sin_cache",
+    "cpu_num_threads", "dtype_size", "has_cuda_backend", "make_plan", "merge_state",
+    "merge_state_in_place", "merge_states", "variants",
 ]

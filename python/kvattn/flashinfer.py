@@ -719,11 +719,19 @@ def _host_indptr(name: str, x, expected_len: int = -1) -> List[int]:
 
 
 def _positions_i32(x, name: str):
-    """Position ids / offsets as int32: FlashInfer takes int32 or int64; kvattn reads int32, so an
-    int64 array is converted (after a range check) in its own framework."""
+    """Position ids / offsets / indptr as int32: FlashInfer takes int32 or int64; kvattn reads int32,
+    so an int64 array is converted in its own framework: on the host after a range check, on a
+    CUDA device without one (the check would read the values back and synchronise; values past
+    int32 wrap)."""
     dt = str(getattr(x, "dtype", "")).replace("torch.", "")
     if dt != "int64":
         return x
+    if _is_cuda(x):
+        if _framework(x) == "torch":
+            import torch
+
+            return x.to(torch.int32)
+        return x.astype("int32")
     import numpy as np
 
     host = _np(x)
@@ -1173,20 +1181,6 @@ class MultiLevelCascadeAttentionWrapper:
 
 
 # ---- RoPE --------------------------------------------------------------------------------------------------
-def _rope_positions(indptr, offsets):
-    """pos_ids of a ragged batch: row i of segment b at offsets[b] + i - indptr[b]."""
-    import numpy as np
-
-    ind = _host_indptr("indptr", indptr)
-    off = _host_ints("offsets", _positions_i32(offsets, "offsets"), len(ind) - 1)
-    pos = np.empty(ind[-1] if ind else 0, dtype=np.int64)
-    for b in range(len(ind) - 1):
-        pos[ind[b]:ind[b + 1]] = off[b] + np.arange(ind[b + 1] - ind[b])
-    if pos.size and pos.max() > 2**31 - 1:
-        raise _kv.Error(f"offsets + rows reach position {int(pos.max())}, past int32")
-    return pos.astype(np.int32)
-
-
 def _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, inplace, llama31=None):
     kw = dict(rotary_dim=int(rotary_dim or 0), interleave=bool(interleave),
               rope_scale=float(rope_scale), rope_theta=float(rope_theta), llama31=llama31)
@@ -1194,6 +1188,20 @@ def _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, inplace
         _kv.apply_rope(q, k, pos_ids, q_out=q, k_out=k, **kw)
         return None
     return _kv.apply_rope(q, k, pos_ids, **kw)
+
+
+def _rope_ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, inplace,
+                 llama31=None):
+    """The (indptr, offsets) forms through kvattn's apply_rope_ragged: row i of segment b at
+    offsets[b] + i - indptr[b], computed by the library (on the GPU by the kernel, so a CUDA call
+    reads nothing back and can be captured in a CUDA graph)."""
+    kw = dict(rotary_dim=int(rotary_dim or 0), interleave=bool(interleave),
+              rope_scale=float(rope_scale), rope_theta=float(rope_theta), llama31=llama31)
+    ind, off = _positions_i32(indptr, "indptr"), _positions_i32(offsets, "offsets")
+    if inplace:
+        _kv.apply_rope_ragged(q, k, ind, off, q_out=q, k_out=k, **kw)
+        return None
+    return _kv.apply_rope_ragged(q, k, ind, off, **kw)
 
 
 def _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len):
@@ -1210,16 +1218,15 @@ def apply_rope(q, k, indptr, offsets, rotary_dim: Optional[int] = None, interlea
     at position offsets[b] + i - indptr[b]; the first rotary_dim (None: all) elements of each
     head, rotate-half or interleaved, f_t = theta^(-2t/rotary_dim) / rope_scale. Returns (q_rope,
     k_rope), new tensors in q's framework."""
-    return _rope(q, k, _rope_positions(indptr, offsets), rotary_dim, interleave, rope_scale,
-                 rope_theta, False)
+    return _rope_ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta,
+                        False)
 
 
 def apply_rope_inplace(q, k, indptr, offsets, rotary_dim: Optional[int] = None,
                        interleave: bool = False, rope_scale: float = 1,
                        rope_theta: float = 1e4) -> None:
     """apply_rope into q and k."""
-    _rope(q, k, _rope_positions(indptr, offsets), rotary_dim, interleave, rope_scale, rope_theta,
-          True)
+    _rope_ragged(q, k, indptr, offsets, rotary_dim, interleave, rope_scale, rope_theta, True)
 
 
 def apply_rope_pos_ids(q, k, pos_ids, rotary_dim: Optional[int] = None, interleave: bool = False,
@@ -1245,8 +1252,8 @@ def apply_llama31_rope(q, k, indptr, offsets, rotary_dim: Optional[int] = None,
     """apply_rope with Llama 3.1's frequencies: f_t kept where its wavelength is below
     old_context_len / high_freq_factor, divided by rope_scale above old_context_len /
     low_freq_factor, blended between. Returns (q_rope, k_rope)."""
-    return _rope(q, k, _rope_positions(indptr, offsets), rotary_dim, interleave, 1.0, rope_theta,
-                 False, _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len))
+    return _rope_ragged(q, k, indptr, offsets, rotary_dim, interleave, 1.0, rope_theta, False,
+                        _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len))
 
 
 def apply_llama31_rope_inplace(q, k, indptr, offsets, rotary_dim: Optional[int] = None,
@@ -1254,8 +1261,8 @@ def apply_llama31_rope_inplace(q, k, indptr, offsets, rotary_dim: Optional[int] 
                                rope_theta: float = 5e5, low_freq_factor: float = 1,
                                high_freq_factor: float = 4, old_context_len: int = 8192) -> None:
     """apply_llama31_rope into q and k."""
-    _rope(q, k, _rope_positions(indptr, offsets), rotary_dim, interleave, 1.0, rope_theta, True,
-          _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len))
+    _rope_ragged(q, k, indptr, offsets, rotary_dim, interleave, 1.0, rope_theta, True,
+                 _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len))
 
 
 def apply_llama31_rope_pos_ids(q, k, pos_ids, rotary_dim: Optional[int] = None,

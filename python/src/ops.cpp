@@ -1,5 +1,6 @@
 // The stand-alone operations of kvattn/ops.h: merge_state, merge_state_in_place, merge_states,
-// append_paged_kv_cache, apply_rope. Outputs not given are allocated in the first input's framework.
+// append_paged_kv_cache, apply_rope, apply_rope_ragged, apply_rope_with_cos_sin_cache. Outputs not
+// given are allocated in the first input's framework (and on its device).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -176,10 +177,48 @@ void bind_ops(nb::module_& m) {
       nb::arg("k_out") = nb::none(), nb::arg("rotary_dim") = 0, nb::arg("rope_scale") = 1.0f,
       nb::arg("rope_theta") = 1.0e4f, nb::arg("interleave") = false, nb::arg("llama31") = nb::none(),
       nb::arg("stream") = nb::none(),
-      "Rotates q [nnz, Hq, D] and k [nnz, Hk, D] (f32/f16/bf16) by pos_ids [nnz] (int32, host): the "
-      "first rotary_dim (0: all) elements of each head (SEMANTICS.md, 'Rotary position embedding'). "
-      "Returns (q_out, k_out), allocated like q and k when not given; pass q_out=q, k_out=k to "
-      "rotate in place. CPU tensors only so far.");
+      "Rotates q [nnz, Hq, D] and k [nnz, Hk, D] (f32/f16/bf16) by pos_ids [nnz] (int32; on the host "
+      "for CPU tensors, on q's device for CUDA tensors): the first rotary_dim (0: all) elements of "
+      "each head (SEMANTICS.md, 'Rotary position embedding'). Returns (q_out, k_out), allocated like q "
+      "and k when not given; pass q_out=q, k_out=k to rotate in place. CUDA tensors run on the GPU on "
+      "the framework's current stream (graph-capturable once warmed up).");
+
+  m.def(
+      "apply_rope_ragged",
+      [](nb::handle q, nb::handle k, nb::handle indptr, nb::handle offsets, nb::handle q_out,
+         nb::handle k_out, int rotary_dim, float rope_scale, float rope_theta, bool interleave,
+         std::optional<Llama31Scaling> llama31, nb::handle stream) {
+        Held hq, hk, hi, ho, hqo, hko;
+        const TensorView& qv = tensor_arg("q", q, hq);
+        const TensorView& kv = tensor_arg("k", k, hk);
+        const TensorView& iv = index_arg("indptr", indptr, hi);
+        const TensorView& ov = index_arg("offsets", offsets, ho);
+        nb::object qo = nb::borrow(q_out), ko = nb::borrow(k_out);
+        if (qo.is_none() && qv.ndim() == 3)
+          qo = empty_like_framework("q", q, {qv.size(0), qv.size(1), qv.size(2)}, qv.dtype());
+        if (ko.is_none() && kv.ndim() == 3)
+          ko = empty_like_framework("k", k, {kv.size(0), kv.size(1), kv.size(2)}, kv.dtype());
+        const TensorView& qov = tensor_arg("q_out", qo, hqo, true, true);
+        const TensorView& kov = tensor_arg("k_out", ko, hko, true, true);
+        RopeOptions o;
+        o.rope_scale = rope_scale;
+        o.rope_theta = rope_theta;
+        o.interleave = interleave;
+        o.llama31 = llama31;
+        o.rotary_dim = rotary_dim;
+        void* st = stream_arg(stream, q, qv);
+        without_gil([&] { apply_rope_ragged(qv, kv, qov, kov, iv, ov, o, st); });
+        return nb::make_tuple(qo, ko);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("indptr"), nb::arg("offsets"), nb::kw_only(),
+      nb::arg("q_out") = nb::none(), nb::arg("k_out") = nb::none(), nb::arg("rotary_dim") = 0,
+      nb::arg("rope_scale") = 1.0f, nb::arg("rope_theta") = 1.0e4f, nb::arg("interleave") = false,
+      nb::arg("llama31") = nb::none(), nb::arg("stream") = nb::none(),
+      "apply_rope of a ragged batch (FlashInfer's apply_rope): row r of request b (indptr[b] <= r < "
+      "indptr[b + 1]; indptr [B + 1] int32) at position offsets[b] + r - indptr[b] (offsets [B] "
+      "int32). Host arrays for CPU tensors (checked: indptr[B] = nnz), contiguous int32 tensors on "
+      "q's device for CUDA tensors (a row the kernel cannot place is not written). Otherwise as "
+      "apply_rope.");
 
   m.def(
       "apply_rope_with_cos_sin_cache",
@@ -205,10 +244,11 @@ void bind_ops(nb::module_& m) {
       nb::arg("q_out") = nb::none(), nb::arg("k_out") = nb::none(), nb::arg("interleave") = false,
       nb::arg("stream") = nb::none(),
       "Rotates q [nnz, Hq, D] and k [nnz, Hk, D] by the precomputed cos/sin of row pos_ids[r] "
-      "(int32, host) of cos_sin_cache [max_position, rotary_dim] (float32: cos of the rotary_dim / 2 "
-      "frequencies, then their sin); the first rotary_dim elements of each head, rotate-half or "
-      "interleaved (kvattn/ops.h). Returns (q_out, k_out), allocated like q and k when not given; "
-      "q_out=q, k_out=k rotate in place. CPU tensors only so far.");
+      "(int32; host for CPU tensors, each in [0, max_position), checked; on q's device for CUDA "
+      "tensors, a row outside the table is not written) of cos_sin_cache [max_position, rotary_dim] "
+      "(float32 on q's device: cos of the rotary_dim / 2 frequencies, then their sin); the first "
+      "rotary_dim elements of each head, rotate-half or interleaved (kvattn/ops.h). Returns (q_out, "
+      "k_out), allocated like q and k when not given; q_out=q, k_out=k rotate in place.");
 }
 
 }  // namespace kvattn::py
