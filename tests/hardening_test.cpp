@@ -322,6 +322,9 @@ TEST(Hardening, ErrorsNameTheArgumentAtFault) {
   pp.kv_indptr = kv_long.view();
   kvattn::BatchPrefill prefill;
   EXPECT_KVATTN_ERROR(prefill.plan(pp), "qo_indptr has 3 elements (batch_size 2) but kv_indptr describes batch_size 3");
+  HostTensor empty_qo(DType::i32, {0});
+  pp.qo_indptr = empty_qo.view();
+  EXPECT_KVATTN_ERROR(prefill.plan(pp), "qo_indptr has 0 elements but kv_indptr describes batch_size 3");
 }
 
 // is_contiguous() multiplied the sizes from the last dim in int64: an empty view with huge other

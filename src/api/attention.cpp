@@ -208,9 +208,9 @@ void check_paged_cache(const AttentionPlan& plan, const PagedKVCache& kv, KVLayo
 void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, std::string_view kv_what) {
   const int64_t batch = int64_t(plan.kv_len.size());
   validate::ndim("qo_indptr", qo_indptr, 1);
-  KVATTN_CHECK(qo_indptr.size(0) == batch + 1, "qo_indptr has ", qo_indptr.size(0), " elements (batch_size ",
-               qo_indptr.size(0) - 1, ") but ", kv_what, " describes batch_size ", batch,
-               "; both need batch_size + 1 elements");
+  KVATTN_CHECK(qo_indptr.size(0) == batch + 1, "qo_indptr has ", qo_indptr.size(0), " elements",
+               qo_indptr.size(0) >= 1 ? " (batch_size " + std::to_string(qo_indptr.size(0) - 1) + ")" : std::string(),
+               " but ", kv_what, " describes batch_size ", batch, "; both need batch_size + 1 elements");
   auto ind = validate::indptr("qo_indptr", qo_indptr, batch + 1);
   KVATTN_CHECK(ind.back() <= kMaxTotalTokens, "qo_indptr[", batch, "] = ", ind.back(),
                " query tokens exceed the limit of ", kMaxTotalTokens, " (kvattn/plan.h)");
