@@ -250,7 +250,7 @@ def index_cases(api, field, name, *, exact_length, layers=None):
     cases = [
         Case(api, f"{name}: dtype f32", setter(field, lambda x, c: c.keep(np.asarray(x, np.float32))),
              n + r" has dtype f32", kvattn.DTypeError, **lay),
-        Case(api, f"{name}: dtype u8", setter(field, lambda x, c: c.keep(np.asarray(x, np.uint8))),
+        Case(api, f"{name}: dtype u8", setter(field, lambda x, c: c.keep(np.asarray(x, np.int64).astype(np.uint8))),
              n + r" has dtype u8", kvattn.DTypeError, **lay),
         Case(api, f"{name}: dtype int64", setter(field, lambda x, c: c.keep(np.asarray(x, np.int64))),
              n + r" has dtype int64", kvattn.DTypeError, **lay),
