@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kvattn/attention.h"
+#include "kvattn/cascade.h"
 #include "kvattn/dtype.h"
 #include "kvattn/error.h"
 #include "kvattn/formats.h"

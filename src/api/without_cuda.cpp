@@ -19,4 +19,6 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan&, const GpuPlan*, GpuKernels,
   no_cuda_backend(workspace);
 }
 
+void copy_host_to_gpu(const TensorView& dst, const void*, void*) { no_cuda_backend(dst); }
+
 }  // namespace kvattn::detail

@@ -56,4 +56,8 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
                                      const TensorView& workspace, const SchedulerOptions& scheduler,
                                      void* stream);
 
+// Copies dst.numel() bytes from host memory to dst (a u8 view on a CUDA device) on `stream`; the
+// host buffer may be reused when it returns.
+void copy_host_to_gpu(const TensorView& dst, const void* src, void* stream);
+
 }  // namespace kvattn::detail

@@ -4,6 +4,8 @@
 // and checked for what the kernels' 16-byte copies need, for decode, prefill and block-sparse.
 #include "core/attention_backend.h"
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "core/overrides.h"
 #include "core/validate.h"
 #include "cuda/decode_runner.h"
+#include "cuda/runtime.h"
 #include "cuda/prefill_runner.h"
 #include "kvattn/error.h"
 
@@ -256,6 +259,13 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
     gpu->prefill->plan(pr, bytes, num_bytes, workspace.device().index, cuda_stream);
   }
   return gpu;
+}
+
+void copy_host_to_gpu(const TensorView& dst, const void* src, void* stream) {
+  cuda::DeviceGuard on(dst.device().index);
+  cuda::check(cudaMemcpyAsync(dst.data(), src, size_t(dst.numel()) * dtype_size(dst.dtype()), cudaMemcpyHostToDevice,
+                              static_cast<cudaStream_t>(stream)),
+              "cudaMemcpyAsync (a cascade's merge mask)");
 }
 
 }  // namespace kvattn::detail
