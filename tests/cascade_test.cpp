@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/shared_prefix.h"
 #include "kvattn/cascade.h"
 #include "reference/reference.h"
 #include "support/compare.h"
@@ -398,6 +399,175 @@ TEST(Cascade, RunErrorsWriteNothing) {
   EXPECT_NO_THROW(cascade.check_errors());
 }
 
+// ---- automatic shared prefixes in BatchDecode ---------------------------------------------------
+// The flat page table of a cascade case (each request: its level-0 group's pages, then its own):
+// what a radix-tree server hands BatchDecode. Level 0's kv lengths must be whole pages.
+struct FlatTable {
+  HostTensor indptr, indices, last_page_len;
+};
+FlatTable flat_table(const CascadeCase& c, const CascadeInputs& in) {
+  std::vector<int32_t> ind{0}, idx, last;
+  const auto ind0 = as_int32(in.indptr[0]), idx0 = as_int32(in.indices[0]);
+  const auto ind1 = as_int32(in.indptr[1]), idx1 = as_int32(in.indices[1]), last1 = as_int32(in.last_page_len[1]);
+  size_t r = 0;
+  for (size_t g = 0; g < c.levels[0].size(); ++g)
+    for (int m = 0; m < c.levels[0][g].first; ++m, ++r) {
+      idx.insert(idx.end(), idx0.begin() + ind0[g], idx0.begin() + ind0[g + 1]);
+      idx.insert(idx.end(), idx1.begin() + ind1[r], idx1.begin() + ind1[r + 1]);
+      ind.push_back(int32_t(idx.size()));
+      last.push_back(last1[r]);
+    }
+  return {int32_tensor(ind), int32_tensor(idx), int32_tensor(last)};
+}
+
+// Decode rows of requests in runs sharing `prefix` tokens (0: a run of requests sharing nothing).
+CascadeCase decode_runs(const std::vector<std::pair<int, int64_t>>& runs, Rng& rng, int page_size = 16) {
+  CascadeCase c;
+  c.page_size = page_size;
+  c.levels.resize(2);
+  for (const auto& [n, prefix] : runs) {
+    c.levels[0].push_back({n, prefix});
+    for (int m = 0; m < n; ++m) {
+      c.qo_lens.push_back(1);
+      c.levels[1].push_back({1, rng.integer(1, 3 * page_size)});
+    }
+  }
+  return c;
+}
+
+void run_decode_with_shared_prefixes(const CascadeCase& c, Rng& rng, kvattn::SharedPrefix mode,
+                                     std::string_view want_family, int want_groups = -1) {
+  const CascadeInputs in = make_inputs(c, rng);
+  const FlatTable flat = flat_table(c, in);
+  const Expected want = reference_of(c, in);
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = c.num_qo_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.head_dim_qk = c.head_dim;
+  p.q_dtype = c.q_dtype;
+  p.kv_dtype = c.kv_dtype;
+  p.o_dtype = c.o_dtype;
+  p.variant = c.variant;
+  p.page_size = c.page_size;
+  p.shared_prefix = mode;
+  HostTensor out(c.o_dtype, {in.rows, c.num_qo_heads, c.head_dim}), lse(DType::f32, {in.rows, c.num_qo_heads});
+  out.poison();
+  lse.poison();
+  std::string family;
+  int groups = -1;
+  auto inspect = [&](const kvattn::BatchDecode& d) {
+    family = std::string(d.kernel_family());
+    if (const kvattn::CascadeAttention* cascade = d.cascade()) {
+      EXPECT_EQ(cascade->num_levels(), 2);
+      EXPECT_EQ(d.schedule(), cascade->schedule(1)) << "schedule() is the own-KV level's";
+      groups = int(cascade->schedule(0)->batch_size());
+    }
+  };
+  if (!c.on_gpu) {
+    kvattn::BatchDecode decode;
+    p.page_table = {flat.indptr.view(), flat.indices.view(), flat.last_page_len.view()};
+    decode.plan(p);
+    inspect(decode);
+    decode.run(in.q.view(), kvattn::PagedKVCache::split(in.k.view(), in.v.view(), c.layout), out.view(), lse.view());
+  } else {
+#if KVATTN_WITH_CUDA
+    DeviceMirror dq(in.q), dk(in.k), dv(in.v), dout(out), dlse(lse);
+    DeviceBytes workspace(int64_t(64) << 20);
+    kvattn::BatchDecode decode(workspace.view(), c.layout);
+    p.page_table = {flat.indptr.view(), flat.indices.view(), flat.last_page_len.view()};
+    decode.plan(p);
+    inspect(decode);
+    decode.run(dq.view(), kvattn::PagedKVCache::split(dk.view(), dv.view(), c.layout), dout.view(), dlse.view());
+    decode.check_errors();
+    dout.copy_back(out);
+    dlse.copy_back(lse);
+#endif
+  }
+  if (!want_family.empty()) EXPECT_EQ(family, want_family);
+  if (want_groups >= 0) EXPECT_EQ(groups, want_groups) << "level-0 groups (chunks of runs included)";
+  const ComputeTolerance ct = tolerance_of(c);
+  EXPECT_TRUE(outputs_match(out, want.o, want.mag, ct));
+  EXPECT_TRUE(lse_match(lse, want.lse, ct));
+}
+
+TEST(SharedPrefix, FindsRunsOfConsecutiveRequests) {
+  using kvattn::detail::find_shared_prefixes;
+  // Requests 0-2 share pages 7, 8, 9 (request 2 only 7, 8), request 3 shares nothing, 4-5 share
+  // 20, 21 but 5 owns nothing else (only pages - 1 may be shared), 6 repeats request 0's first
+  // page but is not next to it.
+  const std::vector<int32_t> indptr{0, 4, 8, 11, 13, 16, 18, 21};
+  const std::vector<int32_t> indices{7, 8, 9, 1, 7, 8, 9, 2, 7, 8, 3, 4, 5, 20, 21, 6, 20, 21, 7, 8, 9};
+  auto groups = find_shared_prefixes(indptr, indices, 1);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].first, 0);
+  EXPECT_EQ(groups[0].count, 3);
+  EXPECT_EQ(groups[0].shared_pages, 2);
+  EXPECT_EQ(groups[1].first, 4);
+  EXPECT_EQ(groups[1].count, 2);
+  EXPECT_EQ(groups[1].shared_pages, 1);
+  // A threshold of 3 pages: request 2 leaves the first run (0-1 share 3), the second run is too short.
+  groups = find_shared_prefixes(indptr, indices, 3);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].count, 2);
+  EXPECT_EQ(groups[0].shared_pages, 3);
+  EXPECT_TRUE(find_shared_prefixes(std::vector<int32_t>{0}, std::vector<int32_t>{}, 1).empty());
+}
+
+TEST(SharedPrefix, CostModelChoosesAsMeasured) {
+  // kvattn bench cascade on the H200 (docs/PERFORMANCE.md): 32 x (1024 + 77) ran faster flat, the
+  // long prefixes several times faster as a cascade.
+  struct Row {
+    int batch;
+    int64_t prefix, own;
+    bool cascade;
+  };
+  for (const Row r : {Row{32, 1024, 77, false}, Row{64, 4096, 512, true}, Row{128, 32768, 256, true},
+                      Row{256, 2048, 128, true}, Row{4, 256, 512, false}}) {
+    const std::vector<int64_t> kv(size_t(r.batch), r.prefix + r.own);
+    const std::vector<kvattn::detail::SharedPrefixGroup> groups{{0, r.batch, int32_t(r.prefix / 16)}};
+    const auto cost = kvattn::detail::cascade_cost({.kv_len = kv}, groups);
+    EXPECT_EQ(cost.cascade_wins(), r.cascade) << r.batch << " x (" << r.prefix << " + " << r.own << "): flat "
+                                              << cost.flat_us << " us, cascade " << cost.cascade_us << " us";
+    EXPECT_EQ(cost.cascade_tokens, cost.flat_tokens - (r.batch - 1) * r.prefix);
+  }
+}
+
+TEST(SharedPrefix, BatchDecodeRunsTheCascadeAndMatchesFlat) {
+  {  // forced: two runs and a stretch of unshared requests between them
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c = decode_runs({{3, 160}, {2, 0}, {4, 304}}, rng);
+    c.num_qo_heads = 8;
+    run_decode_with_shared_prefixes(c, rng, kvattn::SharedPrefix::always, "cascade", 3);
+  }
+  {  // never: flat, same answer
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c = decode_runs({{3, 160}, {2, 0}}, rng);
+    run_decode_with_shared_prefixes(c, rng, kvattn::SharedPrefix::never, "cpu");
+  }
+  {  // automatic: a small prefix stays flat, a long one under many requests becomes a cascade
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c = decode_runs({{3, 160}}, rng);
+    run_decode_with_shared_prefixes(c, rng, kvattn::SharedPrefix::automatic, "cpu");
+    CascadeCase big = decode_runs({{32, 2048}}, rng);
+    big.num_qo_heads = big.num_kv_heads = 8, big.head_dim = 64;  // f32: 4 KB of K/V per token
+    big.q_dtype = big.kv_dtype = big.o_dtype = DType::f32;
+    run_decode_with_shared_prefixes(big, rng, kvattn::SharedPrefix::automatic, "cascade", 1);
+  }
+  {  // a sliding window reads positions: always flat
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c = decode_runs({{3, 160}}, rng);
+    c.variant = kvattn::Variant{}.with_window(50);
+    run_decode_with_shared_prefixes(c, rng, kvattn::SharedPrefix::always, "cpu");
+  }
+  {  // page 1, fp8 K/V with scales, soft-cap
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c = decode_runs({{5, 200}, {1, 0}, {2, 130}}, rng, 1);
+    c.kv_dtype = DType::e4m3;
+    c.variant = kvattn::Variant{}.with_soft_cap(20.0f).with_scales(1.0f, 0.5f, 2.0f);
+    run_decode_with_shared_prefixes(c, rng, kvattn::SharedPrefix::always, "cascade", 3);
+  }
+}
+
 // ---- the same on the GPU ------------------------------------------------------------------------
 TEST(GpuCascade, MatchesTheReference) {
   SKIP_WITHOUT_GPU();
@@ -413,6 +583,17 @@ TEST(GpuCascade, MatchesTheReference) {
     if (variant == 2) c.kv_dtype = DType::e4m3, c.variant = c.variant.with_scales(1.0f, 0.5f, 2.0f);
     if (variant == 1) c.variant = c.variant.with_soft_cap(30.0f);
     run_case(c, rng);
+  }
+}
+
+TEST(GpuSharedPrefix, BatchDecodeRunsTheCascadeAndMatchesFlat) {
+  SKIP_WITHOUT_GPU();
+  for (kvattn::SharedPrefix mode : {kvattn::SharedPrefix::always, kvattn::SharedPrefix::automatic}) {
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c = decode_runs({{40, 4096}, {3, 0}, {6, 512}}, rng);
+    c.on_gpu = true;
+    c.num_qo_heads = 32, c.num_kv_heads = 8, c.head_dim = 128;
+    run_decode_with_shared_prefixes(c, rng, mode, mode == kvattn::SharedPrefix::always ? "cascade" : "");
   }
 }
 

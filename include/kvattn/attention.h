@@ -46,6 +46,16 @@ struct AttentionShape {
 namespace detail {
 struct AttentionPlan;  // src/core/attention_plan.h
 }
+class CascadeAttention;  // kvattn/cascade.h
+
+// What BatchDecode::plan() does with requests whose page lists begin with the same page ids (a
+// shared prefix, as radix-tree servers produce): automatic runs them as a two-level cascade
+// (kvattn/cascade.h: the prefix read once for all of them) when its cost model predicts a gain,
+// always whenever such requests exist, never: flat decode. Only consecutive requests are grouped,
+// by at least 128 shared tokens of full pages; host page ids, position-free variants (no sliding
+// window, ALiBi, fused RoPE, custom mask, sigmoid or user variant) and eager plans (no CUDA-graph
+// capacity) only: anything else decodes flat.
+enum class SharedPrefix : uint8_t { automatic, always, never };
 
 // Decode: one query token per request (q [B, Hq, Dqk], out [B, Hq, Dvo], lse [B, Hq] f32)
 // over the paged cache.
@@ -56,6 +66,7 @@ struct BatchDecodePlan : AttentionShape {
   // bits start at byte mask_indptr[b]). On the GPU, such a plan runs on the prefill kernels.
   TensorView custom_mask;
   TensorView mask_indptr;
+  SharedPrefix shared_prefix = SharedPrefix::automatic;
 };
 
 class BatchDecode {
@@ -91,13 +102,21 @@ class BatchDecode {
 
   // Which GPU kernels the last plan() chose: "decode" (the decode kernels), "prefill" (the batch
   // prefill kernels' decode shape: long GQA batches on sm_90+, every GQA batch before sm_90; see
-  // docs/DESIGN.md, "Decode kernels"), or "cpu"; empty before plan().
+  // docs/DESIGN.md, "Decode kernels"), "cascade" (a shared-prefix cascade, see cascade()), or
+  // "cpu"; empty before plan().
   std::string_view kernel_family() const;
+
+  // The cascade the last plan() chose for shared prefixes (SharedPrefix), or null when it decodes
+  // flat: its levels (0: the shared prefixes, one group per run of requests; 1: each request's own
+  // pages) and their schedules. schedule() is then level 1's.
+  const CascadeAttention* cascade() const;
 
  private:
   TensorView workspace_;
   KVLayout kv_layout_;
   std::unique_ptr<detail::AttentionPlan> plan_;
+  std::unique_ptr<CascadeAttention> cascade_;
+  bool cascade_active_ = false;
 };
 
 // Prefill and append: q [nnz_q, Hq, Dqk] ragged by qo_indptr, KV either ragged (k [nnz_kv, Hkv,

@@ -15,7 +15,9 @@
 #include "core/attention_plan.h"
 #include "core/custom_params.h"
 #include "core/overrides.h"
+#include "core/shared_prefix.h"
 #include "core/validate.h"
+#include "kvattn/cascade.h"
 
 namespace kvattn {
 
@@ -293,6 +295,75 @@ void check_errors_of(const std::unique_ptr<AttentionPlan>& plan, const char* who
   if (plan->gpu) plan->gpu->check_errors(stream);
 }
 
+// ---- shared prefixes in a decode batch (SharedPrefix) -------------------------------------------
+// The two levels of the cascade BatchDecode runs instead of flat decode: level 0 one group per run
+// of requests sharing pages (plus one group without pages per stretch of requests that share
+// none), level 1 each request's remaining pages.
+struct SharedPrefixLevels {
+  std::vector<int32_t> qo0{0}, ind0{0}, idx0, last0, qo1{0}, ind1{0}, idx1, last1;
+
+  CascadePlan plan(const BatchDecodePlan& params) const {
+    auto host = [](const std::vector<int32_t>& v) { return TensorView(v.data(), DType::i32, {int64_t(v.size())}); };
+    CascadePlan cp;
+    static_cast<AttentionShape&>(cp) = params;
+    cp.page_size = params.page_size;
+    cp.levels = {{host(qo0), {host(ind0), host(idx0), host(last0)}}, {host(qo1), {host(ind1), host(idx1), host(last1)}}};
+    return cp;
+  }
+};
+
+std::optional<SharedPrefixLevels> shared_prefix_levels(const AttentionPlan& plan, const BatchDecodePlan& params,
+                                                       const validate::PageTableInfo& table) {
+  const Variant& v = plan.shape.variant;
+  const bool position_free = v.window_left < 0 && !v.alibi && !v.rope && !v.custom_mask && !v.sigmoid && !v.custom;
+  if (params.shared_prefix == SharedPrefix::never || table.device_indices || params.scheduler.cuda_graph ||
+      !position_free || table.batch_size < 2)
+    return std::nullopt;
+  const int P = params.page_size;
+  const auto groups = detail::find_shared_prefixes(table.indptr, table.indices, (128 + P - 1) / P);
+  if (groups.empty()) return std::nullopt;
+  if (params.shared_prefix == SharedPrefix::automatic) {
+    const auto& s = plan.shape;
+    detail::CascadeCostInputs in;
+    in.kv_len = plan.kv_len;
+    in.page_size = P;
+    in.num_qo_heads = s.num_qo_heads;
+    in.head_dim_qk = s.head_dim_qk;
+    in.bytes_per_token = int64_t(s.num_kv_heads) * (s.head_dim_qk + s.head_dim_vo) * int64_t(dtype_size(s.kv_dtype));
+    if (!detail::cascade_cost(in, groups).cascade_wins()) return std::nullopt;
+  }
+  SharedPrefixLevels L;
+  const int64_t B = table.batch_size;
+  std::vector<int32_t> shared(size_t(B), 0);
+  size_t gi = 0;
+  for (int64_t b = 0; b < B;) {
+    if (gi < groups.size() && groups[gi].first == b) {
+      const auto& g = groups[gi++];
+      const int32_t* ids = table.indices.data() + table.indptr[size_t(b)];
+      L.idx0.insert(L.idx0.end(), ids, ids + g.shared_pages);
+      L.last0.push_back(P);
+      L.qo0.push_back(L.qo0.back() + g.count);
+      std::fill_n(shared.begin() + b, g.count, g.shared_pages);
+      b += g.count;
+    } else {  // the requests up to the next run take nothing from level 0
+      const int64_t end = gi < groups.size() ? groups[gi].first : B;
+      L.last0.push_back(0);
+      L.qo0.push_back(L.qo0.back() + int32_t(end - b));
+      b = end;
+    }
+    L.ind0.push_back(int32_t(L.idx0.size()));
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* ids = table.indices.data() + table.indptr[size_t(b)] + shared[size_t(b)];
+    const int32_t* end = table.indices.data() + table.indptr[size_t(b) + 1];
+    L.idx1.insert(L.idx1.end(), ids, end);
+    L.ind1.push_back(int32_t(L.idx1.size()));
+    L.last1.push_back(table.last_page_len[size_t(b)]);
+    L.qo1.push_back(int32_t(b + 1));
+  }
+  return L;
+}
+
 }  // namespace
 
 // ---- BatchDecode --------------------------------------------------------------------------------
@@ -321,6 +392,13 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
+  if (const auto levels = shared_prefix_levels(*plan, params, table)) {
+    if (!cascade_) cascade_ = std::make_unique<CascadeAttention>(workspace_, kv_layout_);
+    cascade_->plan(levels->plan(params), stream);
+    plan_ = std::move(plan);
+    cascade_active_ = true;
+    return;
+  }
   using detail::GpuKernels;
   GpuKernels kernels = GpuKernels::decode;
   if (gpu) {
@@ -343,23 +421,34 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   plan_backend(*plan, plan_.get(), kernels, kernels == GpuKernels::prefill ? plan->kv_indices : table.indices,
                params.scheduler, stream);
   plan_ = std::move(plan);  // only a fully valid plan replaces the previous one
+  cascade_active_ = false;
 }
 
 void BatchDecode::run(const TensorView& q, const PagedKVCache& kv, const TensorView& out,
                       const TensorView& lse, void* stream) const {
   check_plan(plan_, "BatchDecode");
+  if (cascade_active_) return cascade_->run(q, kv, out, lse, stream);
   check_and_run(*plan_, {.q = q, .out = out, .lse = lse, .paged = &kv}, kv_layout_, workspace_, stream);
 }
 
+const CascadeAttention* BatchDecode::cascade() const { return cascade_active_ ? cascade_.get() : nullptr; }
+
 std::string_view BatchDecode::kernel_family() const {
   if (!plan_) return {};
+  if (cascade_active_) return "cascade";
   if (!plan_->gpu) return "cpu";
   return plan_->gpu->kernels() == detail::GpuKernels::prefill ? "prefill" : "decode";
 }
 
-void BatchDecode::check_errors(void* stream) const { check_errors_of(plan_, "BatchDecode", stream); }
+void BatchDecode::check_errors(void* stream) const {
+  if (cascade_active_ && plan_) return cascade_->check_errors(stream);
+  check_errors_of(plan_, "BatchDecode", stream);
+}
 
-const Plan* BatchDecode::schedule() const { return schedule_of(plan_); }
+const Plan* BatchDecode::schedule() const {
+  if (cascade_active_ && plan_) return cascade_->schedule(cascade_->num_levels() - 1);
+  return schedule_of(plan_);
+}
 
 // ---- BatchPrefill -------------------------------------------------------------------------------
 BatchPrefill::BatchPrefill(TensorView workspace, KVLayout kv_layout)

@@ -243,6 +243,7 @@ void CascadeAttention::plan(const CascadePlan& params, void* stream) {
         BatchDecodePlan p;
         static_cast<AttentionShape&>(p) = params;
         p.variant.causal = false;  // a decode row sees every key of its level either way
+        p.shared_prefix = SharedPrefix::never;
         p.page_size = params.page_size;
         p.page_table = in.page_table;
         if (!same_wrapper) old = nullptr, level.decode = BatchDecode(shares[size_t(l)], kv_layout_);

@@ -1,0 +1,43 @@
+// Shared prefixes in an ordinary decode page table (what radix-tree servers produce: requests whose
+// page lists begin with the same page ids) and the cost model that decides whether BatchDecode runs
+// them as a two-level cascade (kvattn/cascade.h) or flat. Pure host code, tested on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kvattn::detail {
+
+// Requests [first, first + count) whose page lists all begin with the same `shared_pages` ids (full
+// pages: each member keeps at least one page of its own, so its last, possibly partial, page is
+// never shared).
+struct SharedPrefixGroup {
+  int32_t first = 0, count = 0;
+  int32_t shared_pages = 0;
+};
+
+// Runs of consecutive requests whose page lists begin with at least `min_shared_pages` equal ids;
+// a run's shared length is the shortest common prefix of its members with its first request. O(B)
+// for a batch without sharing (only first ids are compared); otherwise O(shared ids), with memcmp.
+std::vector<SharedPrefixGroup> find_shared_prefixes(std::span<const int32_t> kv_indptr,
+                                                    std::span<const int32_t> kv_indices, int min_shared_pages);
+
+// Predicted times (microseconds, a model fitted to the H200's measured cascade and flat decode:
+// docs/DESIGN.md, "Automatic cascade"). Flat decode reads each request's pages; a prefix that many
+// requests read again comes mostly from L2. The cascade reads every page once, pays a fixed cost
+// for its extra launches (level 0, merge) and level 0's matrix products.
+struct CascadeCost {
+  double flat_us = 0, cascade_us = 0;
+  int64_t flat_tokens = 0, cascade_tokens = 0;
+  bool cascade_wins() const { return cascade_us < 0.9 * flat_us; }  // a margin for the model's error
+};
+struct CascadeCostInputs {
+  std::span<const int64_t> kv_len;  // tokens per request
+  int page_size = 16;
+  int num_qo_heads = 32, head_dim_qk = 128;
+  int64_t bytes_per_token = 4096;  // K and V of every KV head
+};
+CascadeCost cascade_cost(const CascadeCostInputs& in, std::span<const SharedPrefixGroup> groups);
+
+}  // namespace kvattn::detail
