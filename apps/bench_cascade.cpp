@@ -6,6 +6,10 @@
 //   level 1  BatchDecode over each request's suffix pages -> o1, lse1;
 //   merge    merge_state(o0, lse0, o1, lse1) -> out, lse;
 //   flat     BatchDecode over each request's prefix + suffix pages (what the cascade replaces).
+//   api      the same two levels through kvattn::CascadeAttention (the timed "cascade"; the pieces
+//            above are timed alone and together as "pieces");
+//   auto     BatchDecode over the flat page table with host page ids (SharedPrefix::automatic):
+//            it finds the shared prefix and picks cascade or flat by its cost model ("chose").
 // Timed as `kvattn bench decode` (CUDA events, cold L2 by rotating cache copies, median), plan()
 // outside the timed region; the three steps are also timed alone. GB/s counts the flat step's
 // bytes (every request's prefix + suffix K/V, q, out) for both, so the two compare as times.
@@ -17,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -176,7 +181,7 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
   // Enough copies of the cache that one run's data has left the 60 MB L2 before it is read again.
   const int copies = int(std::clamp<double>(std::ceil(256e6 / (2.0 * cache_elems * 2)), 1, 8));
   DeviceBuffer<uint16_t> kv(2 * cache_elems * size_t(copies)), q(qo_elems), o0(qo_elems), o1(qo_elems),
-      out(qo_elems), flat_out(qo_elems);
+      out(qo_elems), flat_out(qo_elems), auto_out(qo_elems);
   DeviceBuffer<float> lse0(size_t(B) * Hq), lse1(size_t(B) * Hq), lse(size_t(B) * Hq), flat_lse(size_t(B) * Hq);
   // The generator's values (apps/bench_io.h), the same in every copy; with --save-io the whole
   // caches. (Before 10cb283 the timed runs used a constant fill.)
@@ -184,10 +189,12 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
   kvattn_cli::upload_bench_kv(kv.ptr, cache_elems, copies, io != nullptr);
   // Each wrapper stages its plan in its own workspace.
   const int64_t ws_bytes = int64_t(512) << 20;
-  DeviceBuffer<char> ws0{size_t(ws_bytes)}, ws1{size_t(ws_bytes)}, ws_flat{size_t(ws_bytes)};
+  DeviceBuffer<char> ws0{size_t(ws_bytes)}, ws1{size_t(ws_bytes)}, ws_flat{size_t(ws_bytes)}, ws_api{size_t(ws_bytes)},
+      ws_auto{size_t(ws_bytes)};
   auto workspace = [&](DeviceBuffer<char>& w) { return TensorView(w.ptr, DType::u8, {ws_bytes}, dev); };
   kvattn::BatchPrefill level0(workspace(ws0));
-  kvattn::BatchDecode level1(workspace(ws1)), flat(workspace(ws_flat));
+  kvattn::BatchDecode level1(workspace(ws1)), flat(workspace(ws_flat)), automatic(workspace(ws_auto));
+  kvattn::CascadeAttention cascade(workspace(ws_api));
 
   // Page ids: level 0's on the host (BatchPrefill reads its page table there); level 1's and the
   // flat ones on the device, read in place by the decode kernels (bench decode's default).
@@ -216,6 +223,15 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
                    host_i32(t.level1.last_page_len)};
   pf.page_table = {host_i32(t.flat.indptr), TensorView(ids_flat.ptr, DType::i32, {int64_t(t.flat.indices.size())}, dev),
                    host_i32(t.flat.last_page_len)};
+  // The API forms: CascadeAttention over the same two levels, and BatchDecode over the flat table
+  // with host page ids, left to find the shared prefix itself (SharedPrefix::automatic).
+  kvattn::CascadePlan pc;
+  static_cast<kvattn::AttentionShape&>(pc) = shape;
+  pc.page_size = P;
+  pc.levels = {{p0.qo_indptr, *p0.page_table}, {host_i32(t.level1.qo_indptr), p1.page_table}};
+  kvattn::BatchDecodePlan pa = pf;
+  pa.page_table.indices = host_i32(t.flat.indices);
+  pa.shared_prefix = kvattn::SharedPrefix::automatic;
   cuda_ok(cudaDeviceSynchronize(), "setup");
   auto cache_view = [&](int copy) {
     uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
@@ -232,18 +248,17 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
     kvattn::merge_state(state(o0.ptr), lse_view(lse0.ptr), state(o1.ptr), lse_view(lse1.ptr), state(out.ptr),
                         lse_view(lse.ptr));
   };
-  auto run_cascade = [&](int copy) {
+  auto run_pieces = [&](int copy) {
     run_level0(copy);
     run_level1(copy);
     run_merge(copy);
   };
+  auto run_cascade = [&](int copy) { cascade.run(qv, cache_view(copy), state(out.ptr), lse_view(lse.ptr)); };
+  auto run_auto = [&](int copy) { automatic.run(qv, cache_view(copy), state(auto_out.ptr)); };
   // plan() time as in bench decode (time_plans): each plan followed by its step and a synchronisation.
   int step = 0;
   const double plan_us = kvattn_cli::time_plans(
-                             [&] {
-                               level0.plan(p0);
-                               level1.plan(p1);
-                             },
+                             [&] { cascade.plan(pc); },
                              [&] {
                                run_cascade(step++ % copies);
                                cuda_ok(cudaDeviceSynchronize(), "a cascade step");
@@ -255,26 +270,60 @@ nlohmann::json run_cascade_case(const CascadeBenchCase& c, int iters, double pea
                                                        cuda_ok(cudaDeviceSynchronize(), "a flat step");
                                                      })
                                   .median_us;
+  level0.plan(p0);
+  level1.plan(p1);
+  const double auto_plan_us = kvattn_cli::time_plans([&] { automatic.plan(pa); },
+                                                     [&] {
+                                                       run_auto(step++ % copies);
+                                                       cuda_ok(cudaDeviceSynchronize(), "an automatic step");
+                                                     })
+                                  .median_us;
+  const std::string auto_family(automatic.kernel_family());
   const double ms = median_ms(run_cascade, copies, iters);
+  const double pieces_ms = median_ms(run_pieces, copies, iters);
+  const double auto_ms = median_ms(run_auto, copies, iters);
   const double flat_ms = median_ms([&](int copy) { flat.run(qv, cache_view(copy), state(flat_out.ptr)); }, copies, iters);
   const double level0_ms = median_ms(run_level0, copies, iters);
   const double level1_ms = median_ms(run_level1, copies, iters);
   const double merge_ms = median_ms(run_merge, 1, iters);
   level1.check_errors();
   flat.check_errors();
+  cascade.check_errors();
+  automatic.check_errors();
 
+  // The three answers agree (bf16 outputs; the cascade rounds level 0's state to bf16 once more).
+  auto max_diff = [&](const uint16_t* a_dev, const uint16_t* b_dev) {
+    std::vector<uint16_t> a(qo_elems), b(qo_elems);
+    cuda_ok(cudaMemcpy(a.data(), a_dev, qo_elems * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    cuda_ok(cudaMemcpy(b.data(), b_dev, qo_elems * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    auto f = [](uint16_t h) {
+      const uint32_t bits = uint32_t(h) << 16;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      return x;
+    };
+    double worst = 0;
+    for (size_t i = 0; i < qo_elems; ++i) worst = std::max(worst, double(std::fabs(f(a[i]) - f(b[i]))));
+    return worst;
+  };
+  run_cascade(0);
+  run_auto(0);
+  flat.run(qv, cache_view(0), state(flat_out.ptr));
+  const double cascade_diff = max_diff(out.ptr, flat_out.ptr), auto_diff = max_diff(auto_out.ptr, flat_out.ptr);
   const double gbps = c.flat_bytes() / (ms * 1e-3) / 1e9, flat_gbps = c.flat_bytes() / (flat_ms * 1e-3) / 1e9;
   nlohmann::json row = {
       {"op", "cascade"}, {"id", c.id}, {"case", c.name()}, {"heads", c.heads()}, {"batch", B},
       {"prefix_len", c.prefix}, {"suffix_len", c.suffix}, {"page_size", P}, {"kv_tokens", c.flat_kv_tokens()},
       {"cascade_kv_tokens", c.cascade_kv_tokens()}, {"ms", ms}, {"GBps", gbps}, {"pct_of_4800", 100.0 * gbps / peak_gbps},
       {"flat_ms", flat_ms}, {"flat_GBps", flat_gbps}, {"flat_pct_of_4800", 100.0 * flat_gbps / peak_gbps},
-      {"speedup", flat_ms / ms},
+      {"speedup", flat_ms / ms}, {"pieces_ms", pieces_ms}, {"auto_ms", auto_ms}, {"auto_family", auto_family},
+      {"auto_speedup", flat_ms / auto_ms}, {"auto_plan_us", auto_plan_us},
+      {"max_abs_diff_cascade_vs_flat", cascade_diff}, {"max_abs_diff_auto_vs_flat", auto_diff},
       // The cascade's own traffic (prefix once, suffixes, q, out) over its time.
       {"cascade_read_GBps", (c.kv_bytes(c.cascade_kv_tokens()) + c.qo_bytes()) / (ms * 1e-3) / 1e9},
       {"level0_ms", level0_ms}, {"level1_ms", level1_ms}, {"merge_ms", merge_ms}, {"plan_us", plan_us},
       {"flat_plan_us", flat_plan_us}, {"l2_copies", copies},
-      {"page_ids", "level 0 on the host (BatchPrefill); level 1 and flat on the device"}};
+      {"page_ids", "level 0 on the host; level 1 and flat on the device; automatic on the host"}};
   if (io) {  // one more run of each on copy 0, with lse, into poisoned outputs; then export everything
     cuda_ok(cudaMemset(out.ptr, 0xff, qo_elems * 2), "cudaMemset");
     cuda_ok(cudaMemset(flat_out.ptr, 0xff, qo_elems * 2), "cudaMemset");
@@ -307,15 +356,17 @@ void bench_cascade(const CascadeBenchOptions& o) {
     io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench cascade", o.save_io_kv_mb << 20);
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json)
-    std::printf("%-30s %6s %11s %11s %8s %10s %10s %10s %9s\n", "cascade (bf16, hd 128)", "heads", "cascade",
-                "flat", "speedup", "GB/s", "flat GB/s", "level 0", "plan");
+    std::printf("%-30s %6s %11s %11s %8s %10s %10s %10s %9s %11s %8s %9s\n", "cascade (bf16, hd 128)", "heads",
+                "cascade", "flat", "speedup", "GB/s", "flat GB/s", "level 0", "plan", "automatic", "chose", "auto/flat");
   for (const auto& c : cases) {
     auto row = run_cascade_case(c, o.iters, 4800.0, io.get());
     if (!o.json)
-      std::printf("%-30s %6s %8.1f us %8.1f us %7.2fx %10.0f %10.0f %7.1f us %6.1f us\n", c.name().c_str(),
-                  c.heads().c_str(), row["ms"].get<double>() * 1e3, row["flat_ms"].get<double>() * 1e3,
-                  row["speedup"].get<double>(), row["GBps"].get<double>(), row["flat_GBps"].get<double>(),
-                  row["level0_ms"].get<double>() * 1e3, row["plan_us"].get<double>());
+      std::printf("%-30s %6s %8.1f us %8.1f us %7.2fx %10.0f %10.0f %7.1f us %6.1f us %8.1f us %8s %8.2fx\n",
+                  c.name().c_str(), c.heads().c_str(), row["ms"].get<double>() * 1e3,
+                  row["flat_ms"].get<double>() * 1e3, row["speedup"].get<double>(), row["GBps"].get<double>(),
+                  row["flat_GBps"].get<double>(), row["level0_ms"].get<double>() * 1e3,
+                  row["plan_us"].get<double>(), row["auto_ms"].get<double>() * 1e3,
+                  row["auto_family"].get<std::string>().c_str(), row["auto_speedup"].get<double>());
     std::fflush(stdout);
     rows.push_back(row);
   }
