@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "core/batch_shapes.h"
+#include "core/shared_prefix.h"
 #include "kvattn/error.h"
 #include "kvattn/plan.h"
 
@@ -38,6 +39,8 @@ struct PlanArgs {
   bool no_split = false;
   std::string graph;  // MAX_BATCH:MAX_TOKENS[:MAX_SPLIT_ITEMS]
   std::vector<int64_t> cost;
+  std::vector<std::string> shared_prefix;  // N:TOKENS runs of requests sharing a prefix
+  int page_size = 16;
   bool json = false;
   bool list_items = false;
   int width = 66;
@@ -138,6 +141,48 @@ void run_plan_command(const PlanArgs& a) {
 
   const kvattn::Plan plan = kvattn::make_plan(in, opt);
 
+  // ---- shared prefixes: what BatchDecode's cost model (SharedPrefix::automatic) would choose ----
+  std::vector<kvattn::detail::SharedPrefixGroup> runs;
+  nlohmann::json shared_json;
+  std::string shared_text;
+  if (!a.shared_prefix.empty()) {
+    KVATTN_CHECK(decode, "--shared-prefix describes a decode batch (every --qo-lens value <= 1)");
+    KVATTN_CHECK(a.page_size >= 1, "--page-size = ", a.page_size, " must be >= 1");
+    int32_t next = 0;
+    for (const std::string& spec : a.shared_prefix) {
+      auto v = parse_colon_list("--shared-prefix", spec);
+      KVATTN_CHECK(v.size() == 2 && v[0] >= 2 && v[1] >= 1, "--shared-prefix '", spec,
+                   "' must be N:TOKENS with N >= 2 requests sharing TOKENS >= 1 leading tokens");
+      KVATTN_CHECK(next + v[0] <= int64_t(B), "--shared-prefix runs cover ", next + v[0], " requests but the batch has ", B);
+      const int32_t pages = int32_t(v[1] / a.page_size);
+      for (int32_t b = next; b < next + int32_t(v[0]); ++b)
+        KVATTN_CHECK(int64_t(pages) * a.page_size < kv[size_t(b)], "--shared-prefix '", spec, "': request ", b,
+                     " has kv_len ", kv[size_t(b)], ", not more than the ", int64_t(pages) * a.page_size,
+                     " shared tokens (a request keeps its last page)");
+      runs.push_back({next, int32_t(v[0]), pages});
+      next += int32_t(v[0]);
+    }
+    std::vector<int64_t> kv64(kv.begin(), kv.end());
+    kvattn::detail::CascadeCostInputs ci;
+    ci.kv_len = kv64;
+    ci.page_size = a.page_size;
+    ci.num_qo_heads = a.qo_heads;
+    ci.head_dim_qk = a.head_dim;
+    ci.bytes_per_token = int64_t(a.kv_heads) * 2 * a.head_dim * 2;  // bf16 K and V
+    const auto cost = kvattn::detail::cascade_cost(ci, runs);
+    shared_json = {{"runs", a.shared_prefix}, {"flat_us", cost.flat_us}, {"cascade_us", cost.cascade_us},
+                   {"flat_tokens", cost.flat_tokens}, {"cascade_tokens", cost.cascade_tokens},
+                   {"choice", cost.cascade_wins() ? "cascade" : "flat"}};
+    std::ostringstream t;
+    t << "cascade    " << runs.size() << " run(s) sharing whole pages of " << a.page_size
+      << " tokens; model (bf16, H200): flat " << cost.flat_us << " us over " << cost.flat_tokens
+      << " tokens, cascade " << cost.cascade_us << " us over " << cost.cascade_tokens << " -> "
+      << (cost.cascade_wins() ? "cascade: level 0 one group per run (+ unshared stretches), level 1 each request's own pages"
+                              : "flat")
+      << "\n";
+    shared_text = t.str();
+  }
+
   // ---- per-worker summaries ----
   const int W = plan.num_workers();
   std::vector<int64_t> worker_items(static_cast<size_t>(W)),
@@ -188,6 +233,7 @@ void run_plan_command(const PlanArgs& a) {
     j["worker_costs"] =
         std::vector<int64_t>(plan.worker_costs().begin(), plan.worker_costs().end());
     j["worker_items"] = worker_items;
+    if (!shared_json.is_null()) j["shared_prefix"] = shared_json;
     if (a.list_items) {
       nlohmann::json items = nlohmann::json::array();
       for (const auto& it : plan.items())
@@ -225,6 +271,7 @@ void run_plan_command(const PlanArgs& a) {
       "(+ per_partial_row %lld x rows when split)\n",
       (long long)opt.cost.per_item, (long long)opt.cost.per_query_row,
       (long long)opt.cost.per_kv_token, (long long)opt.cost.per_partial_row);
+  std::fputs(shared_text.c_str(), stdout);
   std::printf("plan       %lld items", (long long)plan.num_items());
   if (plan.graph_mode())
     std::printf(" (capacity %lld, graph mode)", (long long)plan.item_capacity());
@@ -304,6 +351,11 @@ void register_plan_command(CLI::App& app) {
   cmd->add_option("--cost", args->cost,
                   "cost model per_item,per_query_row,per_kv_token,per_partial_row")
       ->delimiter(',');
+  cmd->add_option("--shared-prefix", args->shared_prefix,
+                  "decode: runs of N consecutive requests (from request 0) sharing TOKENS leading tokens, "
+                  "N:TOKENS comma-separated; prints what BatchDecode's shared-prefix cost model chooses")
+      ->delimiter(',');
+  cmd->add_option("--page-size", args->page_size, "page size for --shared-prefix")->capture_default_str();
   cmd->add_flag("--items", args->list_items, "list every work item");
   cmd->add_option("--width", args->width, "workers per line of the picture")->capture_default_str();
   cmd->add_flag("--json", args->json, "print the plan summary as JSON");

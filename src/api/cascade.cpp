@@ -110,8 +110,9 @@ void plan_level_tables(CascadeLevelState& level, const CascadeLevel& in, int l, 
   rows = qo.back();
   level.masked = false;
   level.max_page_index = -1;
-  for (int32_t id : table.indices.first(size_t(table.indptr.back())))
-    level.max_page_index = std::max<int64_t>(level.max_page_index, id);
+  if (!table.device_indices)  // device ids: the kernels check them where they read them
+    for (int32_t id : table.indices.first(size_t(table.indptr.back())))
+      level.max_page_index = std::max<int64_t>(level.max_page_index, id);
   level.one_row_per_group = groups == rows;
   for (int64_t g = 0; g < groups && level.one_row_per_group; ++g) level.one_row_per_group = qo[g + 1] - qo[g] == 1;
   // BatchDecode takes a request without keys (its row's state is o = 0, lse = -inf, which the
