@@ -123,16 +123,22 @@ CascadeInputs make_inputs(const CascadeCase& c, Rng& rng) {
   return in;
 }
 
+kvattn::AttentionShape shape_of(const CascadeCase& c) {
+  kvattn::AttentionShape s;
+  s.num_qo_heads = c.num_qo_heads;
+  s.num_kv_heads = c.num_kv_heads;
+  s.head_dim_qk = c.head_dim;
+  s.q_dtype = c.q_dtype;
+  s.kv_dtype = c.kv_dtype;
+  s.o_dtype = c.o_dtype;
+  s.variant = c.variant;
+  return s;
+}
+
 kvattn::CascadePlan make_plan(const CascadeCase& c, const CascadeInputs& in,
                               const std::vector<kvattn::TensorView>& indices) {
   kvattn::CascadePlan p;
-  p.num_qo_heads = c.num_qo_heads;
-  p.num_kv_heads = c.num_kv_heads;
-  p.head_dim_qk = c.head_dim;
-  p.q_dtype = c.q_dtype;
-  p.kv_dtype = c.kv_dtype;
-  p.o_dtype = c.o_dtype;
-  p.variant = c.variant;
+  static_cast<kvattn::AttentionShape&>(p) = shape_of(c);
   p.page_size = c.page_size;
   for (size_t l = 0; l < c.levels.size(); ++l)
     p.levels.push_back({in.qo_indptr[l].view(), {in.indptr[l].view(), indices[l], in.last_page_len[l].view()}});
@@ -441,13 +447,7 @@ void run_decode_with_shared_prefixes(const CascadeCase& c, Rng& rng, kvattn::Sha
   const FlatTable flat = flat_table(c, in);
   const Expected want = reference_of(c, in);
   kvattn::BatchDecodePlan p;
-  p.num_qo_heads = c.num_qo_heads;
-  p.num_kv_heads = c.num_kv_heads;
-  p.head_dim_qk = c.head_dim;
-  p.q_dtype = c.q_dtype;
-  p.kv_dtype = c.kv_dtype;
-  p.o_dtype = c.o_dtype;
-  p.variant = c.variant;
+  static_cast<kvattn::AttentionShape&>(p) = shape_of(c);
   p.page_size = c.page_size;
   p.shared_prefix = mode;
   HostTensor out(c.o_dtype, {in.rows, c.num_qo_heads, c.head_dim}), lse(DType::f32, {in.rows, c.num_qo_heads});
