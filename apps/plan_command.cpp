@@ -169,7 +169,8 @@ void run_plan_command(const PlanArgs& a) {
     ci.num_qo_heads = a.qo_heads;
     ci.head_dim_qk = a.head_dim;
     ci.bytes_per_token = int64_t(a.kv_heads) * 2 * a.head_dim * 2;  // bf16 K and V
-    const auto cost = kvattn::detail::cascade_cost(ci, runs);
+    const std::vector<std::vector<kvattn::detail::SharedPrefixGroup>> levels{runs};
+    const auto cost = kvattn::detail::cascade_cost(ci, levels);
     shared_json = {{"runs", a.shared_prefix}, {"flat_us", cost.flat_us}, {"cascade_us", cost.cascade_us},
                    {"flat_tokens", cost.flat_tokens}, {"cascade_tokens", cost.cascade_tokens},
                    {"choice", cost.cascade_wins() ? "cascade" : "flat"}};

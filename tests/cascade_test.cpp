@@ -413,16 +413,19 @@ struct FlatTable {
 };
 FlatTable flat_table(const CascadeCase& c, const CascadeInputs& in) {
   std::vector<int32_t> ind{0}, idx, last;
-  const auto ind0 = as_int32(in.indptr[0]), idx0 = as_int32(in.indices[0]);
-  const auto ind1 = as_int32(in.indptr[1]), idx1 = as_int32(in.indices[1]), last1 = as_int32(in.last_page_len[1]);
-  size_t r = 0;
-  for (size_t g = 0; g < c.levels[0].size(); ++g)
-    for (int m = 0; m < c.levels[0][g].first; ++m, ++r) {
-      idx.insert(idx.end(), idx0.begin() + ind0[g], idx0.begin() + ind0[g + 1]);
-      idx.insert(idx.end(), idx1.begin() + ind1[r], idx1.begin() + ind1[r + 1]);
-      ind.push_back(int32_t(idx.size()));
-      last.push_back(last1[r]);
+  const size_t L = c.levels.size();
+  std::vector<std::vector<int32_t>> lind, lidx;
+  for (size_t l = 0; l < L; ++l) lind.push_back(as_int32(in.indptr[l])), lidx.push_back(as_int32(in.indices[l]));
+  const auto own_last = as_int32(in.last_page_len[L - 1]);
+  for (size_t r = 0; r < c.qo_lens.size(); ++r) {
+    for (size_t l = 0; l < L; ++l) {
+      size_t g = 0;  // request r's group in level l
+      for (int seen = 0; seen + c.levels[l][g].first <= int(r); ++g) seen += c.levels[l][g].first;
+      idx.insert(idx.end(), lidx[l].begin() + lind[l][g], lidx[l].begin() + lind[l][g + 1]);
     }
+    ind.push_back(int32_t(idx.size()));
+    last.push_back(own_last[r]);
+  }
   return {int32_tensor(ind), int32_tensor(idx), int32_tensor(last)};
 }
 
@@ -442,7 +445,7 @@ CascadeCase decode_runs(const std::vector<std::pair<int, int64_t>>& runs, Rng& r
 }
 
 void run_decode_with_shared_prefixes(const CascadeCase& c, Rng& rng, kvattn::SharedPrefix mode,
-                                     std::string_view want_family, int want_groups = -1) {
+                                     std::string_view want_family, int want_groups = -1, int want_levels = 2) {
   const CascadeInputs in = make_inputs(c, rng);
   const FlatTable flat = flat_table(c, in);
   const Expected want = reference_of(c, in);
@@ -458,8 +461,8 @@ void run_decode_with_shared_prefixes(const CascadeCase& c, Rng& rng, kvattn::Sha
   auto inspect = [&](const kvattn::BatchDecode& d) {
     family = std::string(d.kernel_family());
     if (const kvattn::CascadeAttention* cascade = d.cascade()) {
-      EXPECT_EQ(cascade->num_levels(), 2);
-      EXPECT_EQ(d.schedule(), cascade->schedule(1)) << "schedule() is the own-KV level's";
+      EXPECT_EQ(cascade->num_levels(), want_levels);
+      EXPECT_EQ(d.schedule(), cascade->schedule(cascade->num_levels() - 1)) << "schedule() is the own-KV level's";
       groups = int(cascade->schedule(0)->batch_size());
     }
   };
@@ -513,6 +516,24 @@ TEST(SharedPrefix, FindsRunsOfConsecutiveRequests) {
   EXPECT_TRUE(find_shared_prefixes(std::vector<int32_t>{0}, std::vector<int32_t>{}, 1).empty());
 }
 
+TEST(SharedPrefix, FindsNestedRuns) {
+  // Requests 0-3 share pages 1, 2; past them 0-1 share 3 and 2-3 share 5; request 4 shares nothing.
+  const std::vector<int32_t> indptr{0, 4, 8, 12, 16, 18};
+  const std::vector<int32_t> indices{1, 2, 3, 10, 1, 2, 3, 11, 1, 2, 5, 12, 1, 2, 5, 13, 7, 8};
+  const auto levels = kvattn::detail::find_shared_prefix_levels(indptr, indices, 1);
+  ASSERT_EQ(levels.size(), 2u);
+  ASSERT_EQ(levels[0].size(), 1u);
+  EXPECT_EQ(levels[0][0].count, 4);
+  EXPECT_EQ(levels[0][0].shared_pages, 2);
+  ASSERT_EQ(levels[1].size(), 2u);
+  EXPECT_EQ(levels[1][0].first, 0);
+  EXPECT_EQ(levels[1][1].first, 2);
+  EXPECT_EQ(levels[1][1].count, 2);
+  EXPECT_EQ(levels[1][1].skip_pages, 2);
+  EXPECT_EQ(levels[1][1].shared_pages, 1);
+  EXPECT_EQ(kvattn::detail::find_shared_prefix_levels(indptr, indices, 2).size(), 1u) << "level 1 shares 1 page";
+}
+
 TEST(SharedPrefix, CostModelChoosesAsMeasured) {
   // kvattn bench cascade on the H200 (docs/PERFORMANCE.md): 32 x (1024 + 77) ran faster flat, the
   // long prefixes several times faster as a cascade.
@@ -524,8 +545,8 @@ TEST(SharedPrefix, CostModelChoosesAsMeasured) {
   for (const Row r : {Row{32, 1024, 77, false}, Row{64, 4096, 512, true}, Row{128, 32768, 256, true},
                       Row{256, 2048, 128, true}, Row{4, 256, 512, false}}) {
     const std::vector<int64_t> kv(size_t(r.batch), r.prefix + r.own);
-    const std::vector<kvattn::detail::SharedPrefixGroup> groups{{0, r.batch, int32_t(r.prefix / 16)}};
-    const auto cost = kvattn::detail::cascade_cost({.kv_len = kv}, groups);
+    const std::vector<std::vector<kvattn::detail::SharedPrefixGroup>> levels{{{0, r.batch, int32_t(r.prefix / 16)}}};
+    const auto cost = kvattn::detail::cascade_cost({.kv_len = kv}, levels);
     EXPECT_EQ(cost.cascade_wins(), r.cascade) << r.batch << " x (" << r.prefix << " + " << r.own << "): flat "
                                               << cost.flat_us << " us, cascade " << cost.cascade_us << " us";
     EXPECT_EQ(cost.cascade_tokens, cost.flat_tokens - (r.batch - 1) * r.prefix);
@@ -552,6 +573,16 @@ TEST(SharedPrefix, BatchDecodeRunsTheCascadeAndMatchesFlat) {
     big.num_qo_heads = big.num_kv_heads = 8, big.head_dim = 64;  // f32: 4 KB of K/V per token
     big.q_dtype = big.kv_dtype = big.o_dtype = DType::f32;
     run_decode_with_shared_prefixes(big, rng, kvattn::SharedPrefix::automatic, "cascade", 1);
+  }
+  {  // nested: a system prompt for all, few-shot blocks for some (one request without), own pages
+    KVATTN_CASE_RNG(rng);
+    CascadeCase c;
+    c.levels = {{{6, 160}}, {{2, 128}, {1, 0}, {3, 144}}, {}};
+    for (int r = 0; r < 6; ++r) {
+      c.qo_lens.push_back(1);
+      c.levels[2].push_back({1, rng.integer(1, 40)});
+    }
+    run_decode_with_shared_prefixes(c, rng, kvattn::SharedPrefix::always, "cascade", 1, 3);
   }
   {  // a sliding window reads positions: always flat
     KVATTN_CASE_RNG(rng);

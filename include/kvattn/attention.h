@@ -49,10 +49,11 @@ struct AttentionPlan;  // src/core/attention_plan.h
 class CascadeAttention;  // kvattn/cascade.h
 
 // What BatchDecode::plan() does with requests whose page lists begin with the same page ids (a
-// shared prefix, as radix-tree servers produce): automatic runs them as a two-level cascade
-// (kvattn/cascade.h: the prefix read once for all of them) when its cost model predicts a gain,
-// always whenever such requests exist, never: flat decode. Only consecutive requests are grouped,
-// by at least 128 shared tokens of full pages; host page ids, position-free variants (no sliding
+// shared prefix, as radix-tree servers produce): automatic runs them as a cascade (kvattn/cascade.h:
+// the prefix read once for all of them; a nested prefix, such as few-shot blocks under a shared
+// system prompt, as a third level when the model says it pays) when its cost model predicts a
+// gain, always whenever such requests exist, never: flat decode. Only consecutive requests are
+// grouped, by at least 128 shared tokens of full pages; host page ids, position-free variants (no sliding
 // window, ALiBi, fused RoPE, custom mask, sigmoid or user variant) and eager plans (no CUDA-graph
 // capacity) only: anything else decodes flat.
 enum class SharedPrefix : uint8_t { automatic, always, never };
@@ -107,8 +108,8 @@ class BatchDecode {
   std::string_view kernel_family() const;
 
   // The cascade the last plan() chose for shared prefixes (SharedPrefix), or null when it decodes
-  // flat: its levels (0: the shared prefixes, one group per run of requests; 1: each request's own
-  // pages) and their schedules. schedule() is then level 1's.
+  // flat: its levels (the shared prefixes, one group per run of requests, then each request's own
+  // pages) and their schedules. schedule() is then the last level's.
   const CascadeAttention* cascade() const;
 
  private:

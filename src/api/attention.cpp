@@ -296,32 +296,36 @@ void check_errors_of(const std::unique_ptr<AttentionPlan>& plan, const char* who
 }
 
 // ---- shared prefixes in a decode batch (SharedPrefix) -------------------------------------------
-// The two levels of the cascade BatchDecode runs instead of flat decode: level 0 one group per run
-// of requests sharing pages (plus one group without pages per stretch of requests that share
-// none), level 1 each request's remaining pages.
-struct SharedPrefixLevels {
-  std::vector<int32_t> qo0{0}, ind0{0}, idx0, last0, qo1{0}, ind1{0}, idx1, last1;
+// The cascade BatchDecode runs instead of flat decode: per shared level one group per run of
+// requests sharing pages there (plus one group without pages per stretch of requests that share
+// none), then each request's remaining pages.
+struct SharedPrefixCascade {
+  struct Level {
+    std::vector<int32_t> qo{0}, indptr{0}, indices, last;
+  };
+  std::vector<Level> levels;
 
   CascadePlan plan(const BatchDecodePlan& params) const {
     auto host = [](const std::vector<int32_t>& v) { return TensorView(v.data(), DType::i32, {int64_t(v.size())}); };
     CascadePlan cp;
     static_cast<AttentionShape&>(cp) = params;
     cp.page_size = params.page_size;
-    cp.levels = {{host(qo0), {host(ind0), host(idx0), host(last0)}}, {host(qo1), {host(ind1), host(idx1), host(last1)}}};
+    for (const Level& l : levels)
+      cp.levels.push_back({host(l.qo), {host(l.indptr), host(l.indices), host(l.last)}});
     return cp;
   }
 };
 
-std::optional<SharedPrefixLevels> shared_prefix_levels(const AttentionPlan& plan, const BatchDecodePlan& params,
-                                                       const validate::PageTableInfo& table) {
+std::optional<SharedPrefixCascade> shared_prefix_cascade(const AttentionPlan& plan, const BatchDecodePlan& params,
+                                                         const validate::PageTableInfo& table) {
   const Variant& v = plan.shape.variant;
   const bool position_free = v.window_left < 0 && !v.alibi && !v.rope && !v.custom_mask && !v.sigmoid && !v.custom;
   if (params.shared_prefix == SharedPrefix::never || table.device_indices || params.scheduler.cuda_graph ||
       !position_free || table.batch_size < 2)
     return std::nullopt;
   const int P = params.page_size;
-  const auto groups = detail::find_shared_prefixes(table.indptr, table.indices, (128 + P - 1) / P);
-  if (groups.empty()) return std::nullopt;
+  auto shared_levels = detail::find_shared_prefix_levels(table.indptr, table.indices, (128 + P - 1) / P);
+  if (shared_levels[0].empty()) return std::nullopt;
   if (params.shared_prefix == SharedPrefix::automatic) {
     const auto& s = plan.shape;
     detail::CascadeCostInputs in;
@@ -330,38 +334,45 @@ std::optional<SharedPrefixLevels> shared_prefix_levels(const AttentionPlan& plan
     in.num_qo_heads = s.num_qo_heads;
     in.head_dim_qk = s.head_dim_qk;
     in.bytes_per_token = int64_t(s.num_kv_heads) * (s.head_dim_qk + s.head_dim_vo) * int64_t(dtype_size(s.kv_dtype));
-    if (!detail::cascade_cost(in, groups).cascade_wins()) return std::nullopt;
+    const auto two = detail::cascade_cost(in, std::span(shared_levels).first(1));
+    if (shared_levels.size() > 1 && detail::cascade_cost(in, shared_levels).cascade_us >= two.cascade_us)
+      shared_levels.resize(1);  // the nested level does not pay for its launch
+    if (!detail::cascade_cost(in, shared_levels).cascade_wins()) return std::nullopt;
   }
-  SharedPrefixLevels L;
+  SharedPrefixCascade cascade;
   const int64_t B = table.batch_size;
-  std::vector<int32_t> shared(size_t(B), 0);
-  size_t gi = 0;
-  for (int64_t b = 0; b < B;) {
-    if (gi < groups.size() && groups[gi].first == b) {
-      const auto& g = groups[gi++];
-      const int32_t* ids = table.indices.data() + table.indptr[size_t(b)];
-      L.idx0.insert(L.idx0.end(), ids, ids + g.shared_pages);
-      L.last0.push_back(P);
-      L.qo0.push_back(L.qo0.back() + g.count);
-      std::fill_n(shared.begin() + b, g.count, g.shared_pages);
-      b += g.count;
-    } else {  // the requests up to the next run take nothing from level 0
-      const int64_t end = gi < groups.size() ? groups[gi].first : B;
-      L.last0.push_back(0);
-      L.qo0.push_back(L.qo0.back() + int32_t(end - b));
-      b = end;
+  std::vector<int32_t> shared(size_t(B), 0);  // pages of request b in the shared levels so far
+  for (const auto& groups : shared_levels) {
+    SharedPrefixCascade::Level& L = cascade.levels.emplace_back();
+    size_t gi = 0;
+    for (int64_t b = 0; b < B;) {
+      if (gi < groups.size() && groups[gi].first == b) {
+        const auto& g = groups[gi++];
+        const int32_t* ids = table.indices.data() + table.indptr[size_t(b)] + g.skip_pages;
+        L.indices.insert(L.indices.end(), ids, ids + g.shared_pages);
+        L.last.push_back(P);
+        L.qo.push_back(L.qo.back() + g.count);
+        for (int64_t m = b; m < b + g.count; ++m) shared[size_t(m)] += g.shared_pages;
+        b += g.count;
+      } else {  // the requests up to the next run take nothing from this level
+        const int64_t end = gi < groups.size() ? groups[gi].first : B;
+        L.last.push_back(0);
+        L.qo.push_back(L.qo.back() + int32_t(end - b));
+        b = end;
+      }
+      L.indptr.push_back(int32_t(L.indices.size()));
     }
-    L.ind0.push_back(int32_t(L.idx0.size()));
   }
+  SharedPrefixCascade::Level& own = cascade.levels.emplace_back();
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* ids = table.indices.data() + table.indptr[size_t(b)] + shared[size_t(b)];
     const int32_t* end = table.indices.data() + table.indptr[size_t(b) + 1];
-    L.idx1.insert(L.idx1.end(), ids, end);
-    L.ind1.push_back(int32_t(L.idx1.size()));
-    L.last1.push_back(table.last_page_len[size_t(b)]);
-    L.qo1.push_back(int32_t(b + 1));
+    own.indices.insert(own.indices.end(), ids, end);
+    own.indptr.push_back(int32_t(own.indices.size()));
+    own.last.push_back(table.last_page_len[size_t(b)]);
+    own.qo.push_back(int32_t(b + 1));
   }
-  return L;
+  return cascade;
 }
 
 }  // namespace
@@ -392,9 +403,9 @@ void BatchDecode::plan(const BatchDecodePlan& params, void* stream) {
   std::iota(plan->qo_indptr.begin(), plan->qo_indptr.end(), 0);
   plan_custom_mask(*plan, params.custom_mask, params.mask_indptr);
   detail::check_graph_replan(plan_.get(), *plan, params.scheduler, "BatchDecode");
-  if (const auto levels = shared_prefix_levels(*plan, params, table)) {
+  if (const auto shared = shared_prefix_cascade(*plan, params, table)) {
     if (!cascade_) cascade_ = std::make_unique<CascadeAttention>(workspace_, kv_layout_);
-    cascade_->plan(levels->plan(params), stream);
+    cascade_->plan(shared->plan(params), stream);
     plan_ = std::move(plan);
     cascade_active_ = true;
     return;

@@ -6,13 +6,14 @@
 namespace kvattn::detail {
 
 std::vector<SharedPrefixGroup> find_shared_prefixes(std::span<const int32_t> kv_indptr,
-                                                    std::span<const int32_t> kv_indices, int min_shared_pages) {
+                                                    std::span<const int32_t> kv_indices, int min_shared_pages,
+                                                    int64_t first, int64_t last, int32_t skip_pages) {
   std::vector<SharedPrefixGroup> groups;
-  const int64_t batch = int64_t(kv_indptr.size()) - 1;
+  const int64_t batch = last < 0 ? int64_t(kv_indptr.size()) - 1 : last;
   const int32_t min_pages = std::max(min_shared_pages, 1);
-  auto pages = [&](int64_t b) { return kv_indptr[size_t(b) + 1] - kv_indptr[size_t(b)]; };
-  auto ids = [&](int64_t b) { return kv_indices.data() + kv_indptr[size_t(b)]; };
-  for (int64_t s = 0; s < batch;) {
+  auto pages = [&](int64_t b) { return kv_indptr[size_t(b) + 1] - kv_indptr[size_t(b)] - skip_pages; };
+  auto ids = [&](int64_t b) { return kv_indices.data() + kv_indptr[size_t(b)] + skip_pages; };
+  for (int64_t s = first; s < batch;) {
     // A member shares at most pages - 1 ids (its last page stays its own).
     int32_t shared = pages(s) - 1;
     int64_t e = s + 1;
@@ -31,13 +32,28 @@ std::vector<SharedPrefixGroup> find_shared_prefixes(std::span<const int32_t> kv_
       shared = std::min(shared, lcp);
     }
     if (e - s >= 2 && shared >= min_pages) {
-      groups.push_back({int32_t(s), int32_t(e - s), shared});
+      groups.push_back({int32_t(s), int32_t(e - s), shared, skip_pages});
       s = e;
     } else {
       ++s;
     }
   }
   return groups;
+}
+
+std::vector<std::vector<SharedPrefixGroup>> find_shared_prefix_levels(std::span<const int32_t> kv_indptr,
+                                                                      std::span<const int32_t> kv_indices,
+                                                                      int min_shared_pages) {
+  std::vector<std::vector<SharedPrefixGroup>> levels(1);
+  levels[0] = find_shared_prefixes(kv_indptr, kv_indices, min_shared_pages);
+  std::vector<SharedPrefixGroup> inner;
+  for (const SharedPrefixGroup& g : levels[0]) {
+    auto runs = find_shared_prefixes(kv_indptr, kv_indices, min_shared_pages, g.first, g.first + g.count,
+                                     g.skip_pages + g.shared_pages);
+    inner.insert(inner.end(), runs.begin(), runs.end());
+  }
+  if (!inner.empty()) levels.push_back(std::move(inner));
+  return levels;
 }
 
 namespace {
@@ -48,23 +64,27 @@ constexpr double kL2BytesPerUs = 8.3e6;       // pages many requests of a flat d
 constexpr double kFlatFixedUs = 7.0;          // one decode launch and its merge
 constexpr double kCascadeFixedUs = 25.0;      // level 0's prefill, the own-KV decode, the merge
 constexpr double kLevel0FlopsPerUs = 300e6;   // 300 TFLOP/s: level 0's Q K^T and P V
+// Not measured: one more BatchPrefill launch and merge, from the pieces' times of a two-level run.
+constexpr double kExtraLevelUs = 12.0;
 }  // namespace
 
-CascadeCost cascade_cost(const CascadeCostInputs& in, std::span<const SharedPrefixGroup> groups) {
+CascadeCost cascade_cost(const CascadeCostInputs& in, std::span<const std::vector<SharedPrefixGroup>> levels) {
   CascadeCost c;
   for (int64_t len : in.kv_len) c.flat_tokens += len;
   int64_t repeated = 0;
   double level0_flops = 0;
-  for (const SharedPrefixGroup& g : groups) {
-    const int64_t shared = int64_t(g.shared_pages) * in.page_size;
-    repeated += shared * (g.count - 1);
-    level0_flops += 4.0 * g.count * in.num_qo_heads * double(shared) * in.head_dim_qk;
-  }
+  for (const auto& groups : levels)
+    for (const SharedPrefixGroup& g : groups) {
+      const int64_t shared = int64_t(g.shared_pages) * in.page_size;
+      repeated += shared * (g.count - 1);
+      level0_flops += 4.0 * g.count * in.num_qo_heads * double(shared) * in.head_dim_qk;
+    }
   c.cascade_tokens = c.flat_tokens - repeated;
   const double unique_bytes = double(c.cascade_tokens) * double(in.bytes_per_token);
   const double repeated_bytes = double(repeated) * double(in.bytes_per_token);
   c.flat_us = unique_bytes / kHbmBytesPerUs + repeated_bytes / kL2BytesPerUs + kFlatFixedUs;
-  c.cascade_us = kCascadeFixedUs + unique_bytes / kHbmBytesPerUs + level0_flops / kLevel0FlopsPerUs;
+  c.cascade_us = kCascadeFixedUs + kExtraLevelUs * double(levels.size() > 1 ? levels.size() - 1 : 0) +
+                 unique_bytes / kHbmBytesPerUs + level0_flops / kLevel0FlopsPerUs;
   return c;
 }
 

@@ -15,13 +15,23 @@ namespace kvattn::detail {
 struct SharedPrefixGroup {
   int32_t first = 0, count = 0;
   int32_t shared_pages = 0;
+  int32_t skip_pages = 0;  // the shared ids start there (pages an enclosing run already shares)
 };
 
-// Runs of consecutive requests whose page lists begin with at least `min_shared_pages` equal ids;
-// a run's shared length is the shortest common prefix of its members with its first request. O(B)
-// for a batch without sharing (only first ids are compared); otherwise O(shared ids), with memcmp.
+// Runs of consecutive requests of [first, last) (last -1: the batch) whose page lists, past their
+// first skip_pages ids, begin with at least `min_shared_pages` equal ids; a run's shared length is
+// the shortest common prefix of its members with its first request. O(requests) for a batch
+// without sharing (only first ids are compared); otherwise O(shared ids), with memcmp.
 std::vector<SharedPrefixGroup> find_shared_prefixes(std::span<const int32_t> kv_indptr,
-                                                    std::span<const int32_t> kv_indices, int min_shared_pages);
+                                                    std::span<const int32_t> kv_indices, int min_shared_pages,
+                                                    int64_t first = 0, int64_t last = -1, int32_t skip_pages = 0);
+
+// Nested prefixes (a system prompt shared by all, then few-shot blocks shared by some): level 0
+// the runs of the batch, level 1 the runs inside each level-0 run past its shared pages (empty
+// when none). Each level's groups are in request order.
+std::vector<std::vector<SharedPrefixGroup>> find_shared_prefix_levels(std::span<const int32_t> kv_indptr,
+                                                                      std::span<const int32_t> kv_indices,
+                                                                      int min_shared_pages);
 
 // Predicted times (microseconds, a model fitted to the H200's measured cascade and flat decode:
 // docs/DESIGN.md, "Automatic cascade"). Flat decode reads each request's pages; a prefix that many
@@ -38,6 +48,8 @@ struct CascadeCostInputs {
   int num_qo_heads = 32, head_dim_qk = 128;
   int64_t bytes_per_token = 4096;  // K and V of every KV head
 };
-CascadeCost cascade_cost(const CascadeCostInputs& in, std::span<const SharedPrefixGroup> groups);
+// `levels`: the shared levels' groups (a cascade of levels.size() + 1 levels); each extra shared
+// level adds a launch and a merge.
+CascadeCost cascade_cost(const CascadeCostInputs& in, std::span<const std::vector<SharedPrefixGroup>> levels);
 
 }  // namespace kvattn::detail
