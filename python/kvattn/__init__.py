@@ -1,5 +1,5 @@
-"""kvattn: an attention engine for LLM inference serving (batch decode, prefill/append and
-block-sparse attention over a paged KV cache), from Python.
+"""kvattn: an attention engine for LLM inference serving (batch decode, prefill/append,
+block-sparse and cascade attention over a paged KV cache), from Python.
 
 The names mirror the C++ API (include/kvattn/*.h)::
 
@@ -8,6 +8,13 @@ The names mirror the C++ API (include/kvattn/*.h)::
     decode.plan(page_table=(indptr, indices, last_page_len), page_size=16, num_qo_heads=32,
                 num_kv_heads=8, head_dim_qk=128, q_dtype="f16", variant=kvattn.variants.causal())
     out, lse = decode.run(q, (k_cache, v_cache), return_lse=True)   # numpy in, numpy out
+
+kvattn.CascadeAttention runs N levels of page tables over one cache (shared prefixes, then each
+request's own pages) and merges them::
+
+    cascade = kvattn.CascadeAttention()
+    cascade.plan(levels=[([0, 8], prefix_table), (qo_indptr, own_table)], page_size=16, ...)
+    out = cascade.run(q, (k_cache, v_cache))
 
 kvattn.Variant.custom(source, scalars=..., tensors=...) brings a user variant: C++ hooks compiled
 at plan() by the system's compiler (CPU backend; docs/VARIANTS.md).
@@ -23,6 +30,8 @@ from ._kvattn import (  # noqa: F401
     BatchDecode,
     BatchPrefill,
     BlockSparseAttention,
+    CascadeAttention,
+    CascadeLevel,
     CostModel,
     CustomVariant,
     DType,
@@ -59,11 +68,12 @@ from ._kvattn import (  # noqa: F401
 from . import variants
 
 __all__ = [
-    "BSRMatrix", "BatchDecode", "BatchPrefill", "BlockSparseAttention", "CostModel",
-    "CustomVariant", "DType", "DTypeError", "Error", "GraphCapacity", "KVLayout", "Llama31Scaling",
-    "MAX_KV_LEN", "MAX_TOTAL_TOKENS", "MergeEntry", "PageTable", "Plan", "Planner", "RopeConfig",
-    "SchedulerOptions", "TileShape", "Variant", "WorkItem", "__version__", "alibi_slope",
-    "append_paged_kv_cache", "apply_rope", "apply_rope_ragged", "apply_rope_with_cos_sin_cache",
-    "cpu_num_threads", "dtype_size", "has_cuda_backend", "make_plan", "merge_state",
-    "merge_state_in_place", "merge_states", "variants",
+    "BSRMatrix", "BatchDecode", "BatchPrefill", "BlockSparseAttention", "CascadeAttention",
+    "CascadeLevel", "CostModel", "CustomVariant", "DType", "DTypeError", "Error",
+    "GraphCapacity", "KVLayout", "Llama31Scaling", "MAX_KV_LEN", "MAX_TOTAL_TOKENS",
+    "MergeEntry", "PageTable", "Plan", "Planner", "RopeConfig", "SchedulerOptions", "TileShape",
+    "Variant", "WorkItem", "__version__", "alibi_slope", "append_paged_kv_cache", "apply_rope",
+    "apply_rope_ragged", "apply_rope_with_cos_sin_cache", "cpu_num_threads", "dtype_size",
+    "has_cuda_backend", "make_plan", "merge_state", "merge_state_in_place", "merge_states",
+    "variants",
 ]

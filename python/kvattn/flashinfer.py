@@ -1063,12 +1063,18 @@ def _bsr_bits(mask, packed_mask, qo_lens, pages, R, C):
 
 # ---- multi-level cascade ---------------------------------------------------------------------------------
 class MultiLevelCascadeAttentionWrapper:
-    """Cascade attention over N levels of one paged cache (FlashInfer's wrapper of the same name):
-    level l attends each of its requests (qo_indptr_arr[l]) to the pages of paged_kv_*_arr[l], the
-    levels' states are merged (merge_state_in_place), and only the last (the requests' own KV) is
-    causal. Each level is a kvattn.BatchPrefill; a level request with more queries than keys (a
-    short shared prefix under many queries, which FlashInfer allows) is padded with masked pages
-    (see _padded_page_table)."""
+    """Cascade attention over N levels of one paged cache (FlashInfer's wrapper of the same name),
+    on one kvattn.CascadeAttention: level l attends each of its groups of queries
+    (qo_indptr_arr[l]) to the pages of paged_kv_*_arr[l], the levels' states are merged, and only
+    the last level (the requests' own KV) is causal, as in FlashInfer. A level group with more
+    queries than keys (a short shared prefix under many queries) or without pages, which
+    FlashInfer allows, is handled by the C++ class (chunks over the same pages; a group without
+    pages contributes nothing). The levels share the workspace: on a GPU, CascadeAttention gives
+    each level's plan its own part of it.
+
+    Position-dependent options (window_left >= 0, pos_encoding_mode ROPE_LLAMA or ALIBI) are
+    refused by kvattn.CascadeAttention.plan with a kvattn.Error: a level's keys do not know their
+    position in a row's whole sequence."""
 
     def __init__(self, num_levels, float_workspace_buffer, kv_layout: str = "NHD",
                  use_cuda_graph: bool = False, qo_indptr_buf_arr=None, paged_kv_indptr_buf_arr=None,
@@ -1081,7 +1087,8 @@ class MultiLevelCascadeAttentionWrapper:
         self._float_workspace_buffer = float_workspace_buffer
         self._kv_layout = _check_layout(kv_layout)
         self._use_cuda_graph = False
-        self._levels: Optional[list] = None
+        self._native = _kv.CascadeAttention(_workspace(float_workspace_buffer), self._kv_layout)
+        self._planned = False
         self._plan_args = None
 
     @property
@@ -1090,6 +1097,8 @@ class MultiLevelCascadeAttentionWrapper:
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffers=None) -> None:
         self._float_workspace_buffer = float_workspace_buffer
+        self._native = _kv.CascadeAttention(_workspace(float_workspace_buffer), self._kv_layout)
+        self._planned = False
         if self._plan_args is not None:
             self.plan(*self._plan_args[0], **self._plan_args[1])
 
@@ -1101,10 +1110,11 @@ class MultiLevelCascadeAttentionWrapper:
              logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
              rope_theta: Optional[float] = None, q_data_type="float16", kv_data_type=None) -> None:
         """Plans every level: the four arrays hold one int32 array per level (qo_indptr [B_l + 1]
-        over the same queries, the level's page table). Other arguments as
-        BatchPrefillWithPagedKVCacheWrapper.plan; causal applies to the last level only."""
-        import numpy as np
-
+        over the same queries, the level's page table), from the most shared level to the
+        requests' own pages. causal applies to the last level only; window_left >= 0 and
+        ROPE_LLAMA / ALIBI raise kvattn.Error. Errors about a level's arrays name it ("level 1:
+        kv_last_page_len[0] = 5 ..."). Other arguments as
+        BatchPrefillWithPagedKVCacheWrapper.plan."""
         if use_fp16_qk_reduction:
             _unsupported("use_fp16_qk_reduction", "kvattn accumulates q.k in f32")
         arrays = dict(qo_indptr_arr=qo_indptr_arr, paged_kv_indptr_arr=paged_kv_indptr_arr,
@@ -1115,48 +1125,21 @@ class MultiLevelCascadeAttentionWrapper:
                 raise _kv.Error(f"{name} has {len(arr)} levels but num_levels = {self._num_levels}")
         q_name = _kv_dtype_name(q_data_type)
         kv_name = _kv_dtype_name(kv_data_type) or q_name
-        ps = int(page_size)
-        levels = []
-        total = None
-        for lvl in range(self._num_levels):
-            qo = _host_indptr(f"qo_indptr_arr[{lvl}]", qo_indptr_arr[lvl])
-            if total is not None and qo[-1] != total:
-                raise _kv.Error(f"qo_indptr_arr[{lvl}][-1] = {qo[-1]} but level 0 has {total} "
-                                "queries: every level covers the same queries")
-            total = qo[-1]
-            table = (_to_host(paged_kv_indptr_arr[lvl]), _to_host(paged_kv_indices_arr[lvl]),
-                     _to_host(paged_kv_last_page_len[lvl]))
-            try:
-                kv_lens = _native._page_table_lengths(table, ps)
-            except _kv.Error as e:
-                raise type(e)(f"level {lvl}: {e}") from None
-            if len(kv_lens) != len(qo) - 1:
-                raise _kv.Error(f"level {lvl}: qo_indptr_arr[{lvl}] has {len(qo)} elements "
-                                f"(batch_size {len(qo) - 1}) but the level's page table describes "
-                                f"batch_size {len(kv_lens)}")
-            variant = _variant(causal=causal and lvl == self._num_levels - 1,
-                               pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-                               logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                               rope_scale=rope_scale, rope_theta=rope_theta)
-            qo_lens = [b - a for a, b in zip(qo[:-1], qo[1:])]
-            mask = mask_indptr = None
-            if any(q > kv for q, kv in zip(qo_lens, kv_lens)):
-                ind = _host_indptr("paged_kv_indptr", table[0])
-                idx = _host_ints("paged_kv_indices", table[1])
-                last = _host_ints("paged_kv_last_page_len", table[2])
-                pages = [idx[ind[b]:ind[b + 1]] for b in range(len(qo_lens))]
-                table = _padded_page_table(qo_lens, pages, last, ps, pad_page=idx[0] if idx else 0)
-                mask, mask_indptr = table[3], table[4]
-                table = table[:3]
-                variant = variant.with_custom_mask()
-            native = _kv.BatchPrefill(_workspace(self._float_workspace_buffer), self._kv_layout)
-            native.plan(qo_indptr=np.asarray(qo, np.int32), page_table=table, page_size=ps,
-                        custom_mask=mask, mask_indptr=mask_indptr,
-                        num_qo_heads=int(num_qo_heads), num_kv_heads=int(num_kv_heads),
-                        head_dim_qk=int(head_dim), q_dtype=q_name, kv_dtype=kv_name,
-                        o_dtype=q_name, variant=variant)
-            levels.append((native, table))
-        self._levels = levels
+        # The index arrays on the host, as FlashInfer's plan() reads them (a CUDA tensor is copied
+        # back): CascadeAttention cuts groups with more queries than keys into chunks, which needs
+        # host page ids, and its qo_indptr is a host array.
+        levels = [(_to_host(qo_indptr_arr[lvl]),
+                   (_to_host(paged_kv_indptr_arr[lvl]), _to_host(paged_kv_indices_arr[lvl]),
+                    _to_host(paged_kv_last_page_len[lvl])))
+                  for lvl in range(self._num_levels)]
+        variant = _variant(causal=causal, pos_encoding_mode=pos_encoding_mode,
+                           window_left=window_left, logits_soft_cap=logits_soft_cap,
+                           sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        self._planned = False
+        self._native.plan(levels=levels, page_size=int(page_size), num_qo_heads=int(num_qo_heads),
+                          num_kv_heads=int(num_kv_heads), head_dim_qk=int(head_dim),
+                          q_dtype=q_name, kv_dtype=kv_name, o_dtype=q_name, variant=variant)
+        self._planned = True
         self._plan_args = ((qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr,
                             paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size),
                            dict(causal=causal, pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
@@ -1169,13 +1152,9 @@ class MultiLevelCascadeAttentionWrapper:
     def run(self, q, paged_kv_cache):
         """q [num_queries, num_qo_heads, head_dim]; paged_kv_cache (k_cache, v_cache) or 5-D.
         Returns out [num_queries, num_qo_heads, head_dim] (q's dtype)."""
-        if self._levels is None:
+        if not self._planned:
             raise RuntimeError("MultiLevelCascadeAttentionWrapper.run() was called before plan()")
-        out, lse = self._levels[-1][0].run(q, paged_kv_cache, return_lse=True)
-        for native, _ in self._levels[:-1]:
-            o, s = native.run(q, paged_kv_cache, return_lse=True)
-            _kv.merge_state_in_place(out, lse, o, s)
-        return out
+        return self._native.run(q, paged_kv_cache)
 
     forward = run
 

@@ -1,10 +1,11 @@
-// kvattn.BatchDecode, kvattn.BatchPrefill, kvattn.BlockSparseAttention: the C++ wrappers with
-// plan() taking the plan struct's fields as keyword arguments and run() allocating the outputs in
-// the input's framework when out= / lse= are not given.
+// kvattn.BatchDecode, kvattn.BatchPrefill, kvattn.BlockSparseAttention, kvattn.CascadeAttention:
+// the C++ wrappers with plan() taking the plan struct's fields as keyword arguments and run()
+// allocating the outputs in the input's framework when out= / lse= are not given.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <chrono>
+#include <vector>
 
 #include "common.h"
 
@@ -15,6 +16,11 @@ namespace {
 // kvattn.PageTable(indptr, indices, last_page_len): the C++ PageTable with Python owners.
 struct PyPageTable {
   nb::object indptr, indices, last_page_len;
+};
+
+// kvattn.CascadeLevel(qo_indptr, page_table): the C++ CascadeLevel with Python owners.
+struct PyCascadeLevel {
+  nb::object qo_indptr, page_table;
 };
 
 // kvattn.BSRMatrix(indptr, indices, M, N, R=1, C=1).
@@ -151,6 +157,12 @@ struct PyBlockSparse : Base {
   explicit PyBlockSparse(nb::handle ws) : impl(init_workspace(ws)) {}
 };
 
+struct PyCascade : Base {
+  CascadeAttention impl;
+  PyCascade(nb::handle ws, KVLayout layout) : impl(init_workspace(ws), layout), layout(layout) {}
+  KVLayout layout;
+};
+
 template <class W>
 std::optional<Plan> schedule_of(const W& w) {
   const Plan* p = w.impl.schedule();
@@ -166,7 +178,7 @@ std::optional<Plan> schedule_of(const W& w) {
 
 }  // namespace
 
-PageTable page_table_arg(nb::handle obj, Held (&h)[3]) {
+PageTable page_table_arg(nb::handle obj, Held (&h)[3], const std::string& prefix) {
   nb::handle parts[3];
   if (nb::isinstance<PyPageTable>(obj)) {
     auto& t = nb::cast<PyPageTable&>(obj);
@@ -177,17 +189,65 @@ PageTable page_table_arg(nb::handle obj, Held (&h)[3]) {
     for (int i = 0; i < 3; ++i) parts[i] = PySequence_Fast_GET_ITEM(obj.ptr(), i);
   } else {
     PyErr_Format(PyExc_TypeError,
-                 "page_table: expected kvattn.PageTable(indptr, indices, last_page_len) or a tuple "
+                 "%spage_table: expected kvattn.PageTable(indptr, indices, last_page_len) or a tuple "
                  "of those three arrays, got %s",
-                 py_type_name(obj).c_str());
+                 prefix.c_str(), py_type_name(obj).c_str());
     throw nb::python_error();
   }
   PageTable t;
-  t.indptr = index_arg("kv_indptr", parts[0], h[0]);
-  t.indices = index_arg("kv_indices", parts[1], h[1]);
-  t.last_page_len = index_arg("kv_last_page_len", parts[2], h[2]);
+  t.indptr = index_arg((prefix + "kv_indptr").c_str(), parts[0], h[0]);
+  t.indices = index_arg((prefix + "kv_indices").c_str(), parts[1], h[1]);
+  t.last_page_len = index_arg((prefix + "kv_last_page_len").c_str(), parts[2], h[2]);
   return t;
 }
+
+namespace {
+
+// CascadeAttention.plan's levels: a sequence of kvattn.CascadeLevel or (qo_indptr, page_table)
+// pairs; `held` has one entry per level (sized here, so that the views stay put). Errors name the
+// level as the C++ ones do ("level 1: kv_indptr ...").
+struct LevelHeld {
+  Held qo_indptr;
+  Held table[3];
+};
+
+std::vector<CascadeLevel> cascade_levels_arg(nb::handle obj, std::vector<LevelHeld>& held) {
+  if (!PyTuple_Check(obj.ptr()) && !PyList_Check(obj.ptr())) {
+    PyErr_Format(PyExc_TypeError,
+                 "levels: expected a list of kvattn.CascadeLevel(qo_indptr, page_table) or "
+                 "(qo_indptr, (kv_indptr, kv_indices, kv_last_page_len)) pairs, got %s",
+                 py_type_name(obj).c_str());
+    throw nb::python_error();
+  }
+  const size_t n = size_t(nb::len(obj));
+  held.resize(n);
+  std::vector<CascadeLevel> levels(n);
+  for (size_t l = 0; l < n; ++l) {
+    nb::handle item = PySequence_Fast_GET_ITEM(obj.ptr(), Py_ssize_t(l));
+    const std::string prefix = "level " + std::to_string(l) + ": ";
+    nb::handle qo, table;
+    if (nb::isinstance<PyCascadeLevel>(item)) {
+      auto& c = nb::cast<PyCascadeLevel&>(item);
+      qo = c.qo_indptr;
+      table = c.page_table;
+    } else if ((PyTuple_Check(item.ptr()) || PyList_Check(item.ptr())) && nb::len(item) == 2) {
+      qo = PySequence_Fast_GET_ITEM(item.ptr(), 0);
+      table = PySequence_Fast_GET_ITEM(item.ptr(), 1);
+    } else {
+      PyErr_Format(PyExc_TypeError,
+                   "levels[%zu]: expected kvattn.CascadeLevel(qo_indptr, page_table) or a "
+                   "(qo_indptr, page_table) pair, got %s",
+                   l, py_type_name(item).c_str());
+      throw nb::python_error();
+    }
+    auto& h = held[l];
+    levels[l].qo_indptr = index_arg((prefix + "qo_indptr").c_str(), qo, h.qo_indptr);
+    levels[l].page_table = page_table_arg(table, h.table, prefix);
+  }
+  return levels;
+}
+
+}  // namespace
 
 void bind_attention(nb::module_& m) {
   nb::class_<PyPageTable>(m, "PageTable",
@@ -448,6 +508,117 @@ void bind_attention(nb::module_& m) {
            "The Plan run() executes (a snapshot), or None before plan().")
       .def_prop_ro("_last_native_ns", [](const PyBlockSparse& self) { return self.last_native_ns; })
       .def_prop_ro("workspace", [](const PyBlockSparse& self) { return self.workspace_obj; });
+
+  // ---- CascadeAttention --------------------------------------------------------------------------------
+  nb::class_<PyCascadeLevel>(m, "CascadeLevel",
+                             "One level of a cascade (kvattn/cascade.h): groups of consecutive query "
+                             "rows, group g owning rows [qo_indptr[g], qo_indptr[g + 1]) and attending "
+                             "to page list g of page_table (a kvattn.PageTable or (indptr, indices, "
+                             "last_page_len)). int32 arrays or lists.")
+      .def(
+          "__init__",
+          [](PyCascadeLevel* c, nb::object qo_indptr, nb::object page_table) {
+            new (c) PyCascadeLevel{std::move(qo_indptr), std::move(page_table)};
+          },
+          nb::arg("qo_indptr"), nb::arg("page_table"))
+      .def_rw("qo_indptr", &PyCascadeLevel::qo_indptr)
+      .def_rw("page_table", &PyCascadeLevel::page_table);
+
+  nb::class_<PyCascade>(
+      m, "CascadeAttention",
+      "Cascade attention (kvattn/cascade.h): the KV of a query row is the union of one page list "
+      "per level of one paged cache, e.g. level 0 a prefix shared by many requests (read once for "
+      "all of their queries), the last level each request's own pages. Each level is attended on "
+      "its own (a BatchPrefill, or a BatchDecode when every group has one row) and the levels' "
+      "states are merged, so the result is attention over each row's concatenated page lists, up "
+      "to the rounding of one o_dtype state per level. q [rows, num_qo_heads, head_dim_qk] -> out "
+      "[rows, num_qo_heads, head_dim_vo].\n\n"
+      "An earlier level's group may have more rows than keys (it is cut into chunks over the same "
+      "pages) or no pages at all (its rows take nothing from that level); the last level's groups "
+      "need rows <= kv_len, as BatchPrefill's requests. Causal masks the last level only. "
+      "Position-dependent variants (sliding window, ALiBi, fused RoPE), custom masks, sigmoid "
+      "attention and user variants are plan() errors.\n\n"
+      "workspace: as BatchDecode's (a CUDA uint8 buffer runs the levels on that device and holds "
+      "the scratch state and every level's plan; None or a host buffer: the CPU backend).")
+      .def(
+          "__init__",
+          [](PyCascade* self, nb::handle ws, nb::handle layout) {
+            new (self) PyCascade(ws, layout_arg(layout));
+          },
+          nb::arg("workspace") = nb::none(), nb::arg("kv_layout") = "NHD")
+      .def(
+          "plan",
+          [](PyCascade& self, nb::handle levels, int page_size, int num_qo_heads, int num_kv_heads,
+             int head_dim_qk, int head_dim_vo, nb::handle q_dtype, nb::handle kv_dtype,
+             nb::handle o_dtype, const PyVariant* variant, std::optional<SchedulerOptions> scheduler,
+             nb::handle stream) {
+            CascadePlan p;
+            fill_shape(p, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, q_dtype, kv_dtype,
+                       o_dtype, variant, scheduler);
+            std::vector<LevelHeld> held;
+            p.levels = cascade_levels_arg(levels, held);
+            p.page_size = page_size;
+            void* s = self.plan_stream(stream);
+            self.timed([&] { self.impl.plan(p, s); });
+            self.plan_inputs = nb::steal(PySequence_Tuple(levels.ptr()));  // a list or tuple
+            self.plan_variant = variant ? nb::find(variant) : nb::object();
+            self.planned = planned_from(p, true);
+          },
+          nb::kw_only(), nb::arg("levels"), nb::arg("page_size"), nb::arg("num_qo_heads"),
+          nb::arg("num_kv_heads"), nb::arg("head_dim_qk"), nb::arg("head_dim_vo") = 0,
+          nb::arg("q_dtype") = "bf16", nb::arg("kv_dtype") = nb::none(),
+          nb::arg("o_dtype") = nb::none(), nb::arg("variant") = nb::none(),
+          nb::arg("scheduler") = nb::none(), nb::arg("stream") = nb::none(),
+          "Plans the cascade (the fields of kvattn::CascadePlan): levels, from the most shared "
+          "(level 0) to each request's own KV (the last), is a list of kvattn.CascadeLevel or "
+          "(qo_indptr, page_table) pairs, page_table a kvattn.PageTable or (kv_indptr, kv_indices, "
+          "kv_last_page_len); every level covers the same rows (the same qo_indptr[-1]). Errors name "
+          "the level ('level 1: kv_indptr ...'). Other arguments as BatchDecode.plan; the variant "
+          "applies to every level, causal to the last only. With a CUDA workspace, a level's "
+          "kv_indices may be on the device when each of its groups has 1 <= rows <= kv_len.")
+      .def(
+          "run",
+          [](PyCascade& self, nb::handle q, nb::handle kv, nb::handle v, nb::handle out,
+             nb::handle lse, bool return_lse, nb::handle stream) {
+            self.require_plan("CascadeAttention");
+            Held hq, hk, hv;
+            const TensorView& qv = tensor_arg("q", q, hq);
+            PagedKVCache cache = paged_cache_arg(kv, v, self.layout, hk, hv);
+            return self.finish("CascadeAttention", q, qv, out, lse, return_lse, stream,
+                               [&](const TensorView& o, const TensorView& l, void* s) {
+                                 self.impl.run(qv, cache, o, l, s);
+                               });
+          },
+          nb::arg("q"), nb::arg("paged_kv_cache"), nb::arg("v_cache") = nb::none(), nb::kw_only(),
+          nb::arg("out") = nb::none(), nb::arg("lse") = nb::none(), nb::arg("return_lse") = false,
+          nb::arg("stream") = nb::none(),
+          "Cascade attention over the one paged cache every level indexes: paged_kv_cache is "
+          "(k_cache, v_cache), a 5-D [pages, 2, ...] tensor, or k_cache with v_cache given (as "
+          "BatchDecode.run). Every level's page ids are checked against the cache before anything "
+          "is written. " KVATTN_RUN_RETURNS)
+      .def(
+          "check_errors",
+          [](PyCascade& self, nb::handle stream) {
+            void* s = self.plan_stream(stream);
+            without_gil([&] { self.impl.check_errors(s); });
+          },
+          nb::arg("stream") = nb::none(),
+          "As BatchDecode.check_errors, over every level (the message names the level).")
+      .def(
+          "schedule",
+          [](const PyCascade& self, int level) -> std::optional<Plan> {
+            const Plan* p = self.impl.schedule(level);
+            if (!p) return std::nullopt;
+            return *p;
+          },
+          nb::arg("level"),
+          "Level `level`'s Plan (a snapshot), or None before plan(); kvattn.Error for a level out "
+          "of range.")
+      .def_prop_ro("num_levels", [](const PyCascade& self) { return self.impl.num_levels(); },
+                   "The number of levels of the current plan (0 before plan()).")
+      .def_prop_ro("_last_native_ns", [](const PyCascade& self) { return self.last_native_ns; })
+      .def_prop_ro("kv_layout", [](const PyCascade& self) { return self.layout; })
+      .def_prop_ro("workspace", [](const PyCascade& self) { return self.workspace_obj; });
 }
 
 }  // namespace kvattn::py

@@ -87,8 +87,9 @@ PagedKVCache paged_cache_arg(nb::handle kv, nb::handle v, KVLayout layout, Held&
                              bool writable = false);
 
 // plan()'s and append's page table: a kvattn.PageTable or an (indptr, indices, last_page_len)
-// sequence; the arrays are named kv_indptr, kv_indices and kv_last_page_len in errors.
-PageTable page_table_arg(nb::handle obj, Held (&h)[3]);
+// sequence; the arrays are named kv_indptr, kv_indices and kv_last_page_len in errors, after
+// `prefix` (CascadeAttention's "level 1: ").
+PageTable page_table_arg(nb::handle obj, Held (&h)[3], const std::string& prefix = {});
 
 // Runs `f` without the GIL (the tensors' owners are held by the caller's frame).
 template <class F>
@@ -99,7 +100,8 @@ void without_gil(F&& f) {
 
 // ---- registration of the binding groups --------------------------------------------------------
 void bind_types(nb::module_& m);      // DType, KVLayout, Variant, RopeConfig, scheduler, Plan
-void bind_attention(nb::module_& m);  // BatchDecode, BatchPrefill, BlockSparseAttention
+void bind_attention(nb::module_& m);  // BatchDecode, BatchPrefill, BlockSparseAttention,
+                                      // CascadeAttention
 void bind_ops(nb::module_& m);        // merge_state(s), append_paged_kv_cache, apply_rope
 
 }  // namespace kvattn::py

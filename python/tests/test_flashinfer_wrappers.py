@@ -327,17 +327,18 @@ def cascade_reference(q, levels, k_cache, v_cache, layout, ps, var_kw, dtype):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("levels,variant", [(2, "causal"), (3, "causal"), (2, "rope_alibi"), (3, "window_cap")])
+@pytest.mark.parametrize("levels,variant", [(2, "causal"), (3, "causal"), (2, "cap"), (3, "plain")])
 def test_cascade_wrapper(rng, dtype, layout, levels, variant):
     hq, hkv, d, ps = 4, 2, 16, 4
     B = 5
     # Level 0: one prefix shared by all B requests (a short one: fewer keys than the 8 queries);
-    # level 1 (of 3): two groups; last: each request's own tokens, 1-2 queries each.
+    # level 1 (of 3): two groups, the second without pages for the "plain" case; last: each
+    # request's own tokens, 1-2 queries each.
     qo_last = [1, 2, 1, 2, 2]
     total = sum(qo_last)
     specs = [([0, total], [6])]
     if levels == 3:
-        specs.append(([0, 3, total], [9, 14]))
+        specs.append(([0, 3, total], [9, 0 if variant == "plain" else 14]))
     own = [int(x) for x in rng.integers(2, 12, size=B)]
     specs.append((list(np.concatenate([[0], np.cumsum(qo_last)])), own))
     # One cache of disjoint pages for all levels.
@@ -349,15 +350,15 @@ def test_cascade_wrapper(rng, dtype, layout, levels, variant):
         indptr = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int32)
         indices = perm[at:at + indptr[-1]].copy()
         at += indptr[-1]
-        last = np.array([(n - 1) % ps + 1 for n in lens], np.int32)
+        last = np.array([(n - 1) % ps + 1 if n else 0 for n in lens], np.int32)
         levels_arrays.append((np.array(qo_indptr, np.int32), indptr, indices, last))
     shape = (num_pages, ps, hkv, d) if layout == "NHD" else (num_pages, hkv, ps, d)
     k_cache, v_cache = cast(rand(rng, shape), dtype), cast(rand(rng, shape), dtype)
     q = cast(rand(rng, (total, hq, d)), dtype)
-    kw = {"causal": dict(causal=True), "rope_alibi": dict(causal=True, pos_encoding_mode="ROPE_LLAMA"),
-          "window_cap": dict(causal=True, window_left=7, logits_soft_cap=3.0)}[variant]
-    var_kw = {"causal": dict(causal=True), "rope_alibi": dict(causal=True, rope=dict()),
-              "window_cap": dict(causal=True, window_left=7, soft_cap=3.0)}[variant]
+    kw = {"causal": dict(causal=True), "cap": dict(causal=True, logits_soft_cap=3.0, sm_scale=0.4),
+          "plain": dict()}[variant]
+    var_kw = {"causal": dict(causal=True), "cap": dict(causal=True, soft_cap=3.0, sm_scale=0.4),
+              "plain": dict()}[variant]
     w = fi.MultiLevelCascadeAttentionWrapper(levels, WORKSPACE, layout)
     assert not w.is_cuda_graph_enabled
     w.plan([x[0] for x in levels_arrays], [x[1] for x in levels_arrays], [x[2] for x in levels_arrays],
@@ -370,6 +371,15 @@ def test_cascade_wrapper(rng, dtype, layout, levels, variant):
     # The 5-D cache form gives the same result.
     out5 = w.run(q, np.stack([k_cache, v_cache], axis=1))
     assert np.array_equal(out5.view(np.uint8), out.view(np.uint8))
+    # The wrapper is kvattn.CascadeAttention over the same levels (causal on the last one only).
+    native = kvattn.CascadeAttention(kv_layout=layout)
+    native.plan(levels=[(x[0], x[1:]) for x in levels_arrays], page_size=ps, num_qo_heads=hq,
+                num_kv_heads=hkv, head_dim_qk=d, q_dtype=dtype,
+                variant=fi._variant(**kw))
+    assert np.array_equal(native.run(q, (k_cache, v_cache)).view(np.uint8), out.view(np.uint8))
+    # reset_workspace_buffer re-plans on the new buffer.
+    w.reset_workspace_buffer(np.zeros(1 << 16, np.uint8))
+    assert np.array_equal(w.run(q, (k_cache, v_cache)).view(np.uint8), out.view(np.uint8))
 
 
 def test_cascade_wrapper_errors(rng):
@@ -382,13 +392,23 @@ def test_cascade_wrapper_errors(rng):
     args = ([one, one], [one, one], [np.array([0], np.int32)] * 2, [np.array([4], np.int32)] * 2, 1, 1, 8, 4)
     with pytest.raises(kvattn.Error, match=r"qo_indptr_arr has 1 levels but num_levels = 2"):
         w.plan([one], *args[1:])
-    with pytest.raises(kvattn.Error, match=r"qo_indptr_arr\[1\]\[-1\] = 2 but level 0 has 1 queries"):
+    with pytest.raises(kvattn.Error, match=r"level 1: qo_indptr\[1\] = 2 but level 0 covers 1 query rows"):
         w.plan([one, np.array([0, 2], np.int32)], *args[1:])
     with pytest.raises(kvattn.Error, match=r"level 1: kv_last_page_len\[0\] = 5 is out of range \[1, 4\]"):
         w.plan(*args[:3], [np.array([4], np.int32), np.array([5], np.int32)], *args[4:])
     with pytest.raises(NotImplementedError, match="'use_fp16_qk_reduction'"):
         w.plan(*args, use_fp16_qk_reduction=True)
-    w.plan(*args, q_data_type="float32")
+    with pytest.raises(RuntimeError, match="before plan"):  # no failed plan() counts as a plan
+        w.run(np.zeros((1, 1, 8), np.float32), np.zeros((1, 2, 4, 1, 8), np.float32))
+    # Position-dependent options: kvattn.CascadeAttention's own error (a level does not know
+    # where its keys sit in a row's whole sequence).
+    for kw, what in [(dict(window_left=3), "a sliding window"),
+                     (dict(pos_encoding_mode="ROPE_LLAMA"), "fused RoPE"),
+                     (dict(pos_encoding_mode="ALIBI", causal=True), "ALiBi")]:
+        with pytest.raises(kvattn.Error, match=f"CascadeAttention does not support {what} .*: a level "
+                                               "does not know where its keys sit"):
+            w.plan(*args, q_data_type="float32", **kw)
+    w.plan(*args, q_data_type="float32", window_left=-1)
     with pytest.raises(kvattn.Error, match=r"paged k"):
         w.run(np.zeros((1, 1, 8), np.float32), (np.zeros((1, 4, 1, 9), np.float32),) * 2)
 

@@ -40,12 +40,14 @@ def test_stub_and_docstrings():
     pkg = pathlib.Path(kvattn.__file__).parent
     stub = (pkg / "_kvattn.pyi").read_text()
     for name in ["class BatchDecode", "class BatchPrefill", "class BlockSparseAttention",
-                 "class Variant", "def merge_state(", "def apply_rope(", "def plan(",
+                 "class CascadeAttention", "class CascadeLevel", "class Variant", "def merge_state(", "def apply_rope(", "def plan(",
                  "class CustomVariant", "def custom(source: str", "def with_custom(self"]:
         assert name in stub, name
     assert (pkg / "py.typed").exists()
     for obj in [kvattn.BatchDecode, kvattn.BatchDecode.plan, kvattn.BatchDecode.run,
-                kvattn.BatchPrefill.plan, kvattn.BlockSparseAttention.run, kvattn.merge_states,
+                kvattn.BatchPrefill.plan, kvattn.BlockSparseAttention.run, kvattn.CascadeAttention,
+                kvattn.CascadeAttention.plan, kvattn.CascadeAttention.run,
+                kvattn.CascadeAttention.schedule, kvattn.CascadeLevel, kvattn.merge_states,
                 kvattn.append_paged_kv_cache, kvattn.variants.causal, kvattn.Variant,
                 kvattn.Variant.custom, kvattn.Variant.with_custom, kvattn.variants.custom]:
         assert obj.__doc__ and len(obj.__doc__) > 20, obj
