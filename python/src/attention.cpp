@@ -299,8 +299,16 @@ void bind_attention(nb::module_& m) {
              int num_kv_heads, int head_dim_qk, int head_dim_vo, nb::handle q_dtype,
              nb::handle kv_dtype, nb::handle o_dtype, const PyVariant* variant,
              std::optional<SchedulerOptions> scheduler, nb::handle custom_mask, nb::handle mask_indptr,
-             nb::handle stream) {
+             nb::handle stream, const std::string& shared_prefix) {
             BatchDecodePlan p;
+            if (shared_prefix == "automatic")
+              p.shared_prefix = SharedPrefix::automatic;
+            else if (shared_prefix == "always")
+              p.shared_prefix = SharedPrefix::always;
+            else if (shared_prefix == "never")
+              p.shared_prefix = SharedPrefix::never;
+            else
+              raise_value("shared_prefix = '" + shared_prefix + "' is not one of 'automatic', 'always', 'never'");
             fill_shape(p, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, q_dtype, kv_dtype,
                        o_dtype, variant, scheduler);
             Held h[3], hm, hmi;
@@ -320,13 +328,17 @@ void bind_attention(nb::module_& m) {
           nb::arg("o_dtype") = nb::none(), nb::arg("variant") = nb::none(),
           nb::arg("scheduler") = nb::none(), nb::arg("custom_mask") = nb::none(),
           nb::arg("mask_indptr") = nb::none(), nb::arg("stream") = nb::none(),
+          nb::arg("shared_prefix") = "automatic",
           "Plans a batch (the fields of kvattn::BatchDecodePlan). page_table: kvattn.PageTable or "
           "(indptr, indices, last_page_len); head_dim_vo 0: head_dim_qk; kv_dtype / o_dtype None: "
           "q_dtype; dtypes as kvattn.DType, 'bf16', numpy or torch dtypes; variant: kvattn.Variant "
           "(plain by default); scheduler: kvattn.SchedulerOptions; custom_mask (uint8, packed "
           "little-endian bits, kv_len bits of request b from byte mask_indptr[b]) with a variant that "
           "has custom_mask on (on a GPU the plan then runs on the prefill kernels). With a CUDA "
-          "workspace the plan is staged on `stream` (None: the workspace framework's current stream).")
+          "workspace the plan is staged on `stream` (None: the workspace framework's current stream). "
+          "shared_prefix: 'automatic' runs requests whose page lists begin with the same page ids as a "
+          "cascade when the cost model predicts a gain (kernel_family() then says 'cascade'), "
+          "'always' whenever they exist, 'never' decodes flat (kvattn::SharedPrefix).")
       .def(
           "run",
           [](PyBatchDecode& self, nb::handle q, nb::handle kv, nb::handle v, nb::handle out,

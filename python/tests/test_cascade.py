@@ -340,3 +340,26 @@ def test_cascade_run_errors_write_nothing(rng):
         w.schedule(-1)
     assert w.schedule(2) is not None
     w.check_errors()
+
+
+# ---- BatchDecode finding shared prefixes itself (kvattn::SharedPrefix) -----------------------------------
+def test_batch_decode_shared_prefix_modes(rng):
+    ps = 4
+    own = [int(rng.integers(1, 12)) for _ in range(6)]
+    p = Problem(rng, [([6], [40 * ps]), ([1] * 6, own)], ps=ps)  # 160 shared tokens of full pages
+    (_, (ind0, idx0, _)), (_, (ind1, idx1, last1)) = p.levels
+    flat_indices = np.concatenate([np.concatenate([idx0, idx1[ind1[b]:ind1[b + 1]]]) for b in range(6)])
+    flat_indptr = np.concatenate([[0], np.cumsum([len(idx0) + ind1[b + 1] - ind1[b] for b in range(6)])])
+    table = (flat_indptr.astype(np.int32), flat_indices.astype(np.int32), last1)
+    want, want_lse, mag = p.reference()
+    for mode, family in [("always", "cascade"), ("never", "cpu"), ("automatic", None)]:
+        d = kvattn.BatchDecode()
+        d.plan(page_table=table, page_size=ps, num_qo_heads=p.hq, num_kv_heads=p.hkv, head_dim_qk=p.d,
+               q_dtype=p.dtype, shared_prefix=mode)
+        if family:
+            assert d.kernel_family() == family, mode
+        out, lse = d.run(p.q, p.k, p.v, return_lse=True)
+        p.check(out, lse, want, want_lse, mag)
+    with pytest.raises(ValueError, match="shared_prefix = 'sometimes' is not one of"):
+        kvattn.BatchDecode().plan(page_table=table, page_size=ps, num_qo_heads=p.hq, num_kv_heads=p.hkv,
+                                  head_dim_qk=p.d, q_dtype=p.dtype, shared_prefix="sometimes")
