@@ -53,8 +53,9 @@ void list(const JitOptions& o) {
     for (const auto& k : p.kernels) {
       std::printf("  %s", k.name.c_str());
       if (k.min_sm > 0) std::printf(" (sm_%d+)", k.min_sm);
+      if (k.below_sm > 0) std::printf(" (below sm_%d)", k.below_sm);
       for (const std::string& arch : o.archs) {
-        if (arch_sm(arch) < k.min_sm) {
+        if (!k.for_arch(arch_sm(arch))) {
           std::printf("  %s:n/a", arch.c_str());
           continue;
         }

@@ -20,6 +20,9 @@
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/runtime.h"
+#include "kernels/variants/params.cuh"
 #endif
 
 namespace kvattn_test {
@@ -427,6 +430,75 @@ TEST(GpuPrefill, FailedPlanLeavesTheLastGoodSchedule) {
   EXPECT_KVATTN_ERROR(op.plan(p), "the workspace is too small");
   EXPECT_EQ(op.schedule()->batch_size(), 2);
   EXPECT_EQ(op.schedule()->num_items(), items);
+#endif
+}
+
+#if KVATTN_WITH_CUDA
+// The kernel feature bits of a built-in variant without RoPE (kernels/variants/params.cuh).
+uint32_t feature_bits(const kvattn::Variant& v) {
+  using namespace kvattn::kernels;
+  return (v.causal ? kCausal : 0u) | (v.window_left >= 0 ? kSlidingWindow : 0u) |
+         (v.logits_soft_cap > 0.0f ? kSoftCap : 0u) | (v.alibi ? kAlibi : 0u) | (v.custom_mask ? kCustomMask : 0u) |
+         (v.sigmoid ? kSigmoid : 0u);
+}
+#endif
+
+// The Hopper tier (kernels/prefill/prefill_wgmma_kernel.cuh) on an sm_90a device, and the mma.sync
+// tier on the same problems (KVATTN_PREFILL_TIER=mma_sync), both against the float64 reference:
+// query runs long enough for the tier (>= 64 packed rows) that end inside a tile, every variant it
+// takes, ragged and paged KV (pages 1, 5, 16, NHD and HND, device page ids), GQA groups 1 to 8,
+// head dims 64, 128, 192 x 128, 64 x 128 and 256, f16 and bf16, negative sm_scale; each problem
+// run twice on one plan, with bitwise identical outputs.
+TEST(GpuPrefill, HopperTierAgainstTheReference) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  const kvattn::cuda::DeviceLimits limits = kvattn::cuda::limits_of(kvattn::cuda::device_info(0));
+  if (!limits.has_wgmma()) GTEST_SKIP() << "the Hopper tier needs an sm_90a device (compute capability 9.0)";
+  struct Shape {
+    int dqk, dvo, hq, hkv;
+  };
+  const Shape shapes[] = {{128, 128, 4, 1}, {64, 64, 8, 8}, {256, 256, 2, 2}, {192, 128, 4, 2}, {64, 128, 8, 1}};
+  const kvattn::Variant variants[] = {
+      kvattn::variants::plain(),
+      kvattn::variants::causal(),
+      kvattn::variants::sliding_window(100),
+      kvattn::variants::causal().with_soft_cap(30.0f),
+      kvattn::variants::causal().with_alibi(),
+      kvattn::variants::causal().with_custom_mask(),
+      kvattn::variants::causal().with_sigmoid(0.5f),
+      kvattn::Variant{}.with_sm_scale(-0.1f).with_scales(1.5f, 0.5f, 2.0f),
+  };
+  int wgmma_cases = 0;
+  for (const char* tier : {"wgmma", "mma_sync"}) {
+    ScopedOverride force("KVATTN_PREFILL_TIER", tier);
+    for (size_t i = 0; i < std::size(shapes); ++i)
+      for (size_t v = 0; v < std::size(variants); ++v) {
+        if ((i + v) % 2 && std::string(tier) == "mma_sync") continue;  // the fallback on half of them
+        KVATTN_CASE_RNG(rng);
+        const Shape& sh = shapes[i];
+        AttnCase c = gpu_case((i + v) % 3 ? DType::bf16 : DType::f16);
+        c.num_qo_heads = sh.hq;
+        c.num_kv_heads = sh.hkv;
+        c.head_dim_qk = sh.dqk;
+        c.head_dim_vo = sh.dvo;
+        c.lens = {{rng.integer(200, 420), rng.integer(420, 700)}, {rng.integer(64, 130), rng.integer(130, 300)}};
+        c.variant = variants[v];
+        c.store = kStores[(i + v) % 3];
+        constexpr int kPageSizes[] = {1, 5, 16};
+        c.page_size = kPageSizes[v % 3];
+        c.layout = (i + v) % 2 ? KVLayout::HND : KVLayout::NHD;
+        c.device_page_table = c.store != KVStore::ragged && v % 2 == 1;
+        c.runs = 2;
+        const auto chosen = prefill_choice(c.q_dtype, c.kv(), c.out(), sh.dqk, sh.dvo, sh.hq / sh.hkv,
+                                           c.store != KVStore::ragged, c.page_size, feature_bits(c.variant), 420, limits,
+                                           false, c.variant.logits_soft_cap);
+        EXPECT_EQ(chosen.tier == kvattn::detail::PrefillTier::wgmma, std::string(tier) == "wgmma") << chosen.name();
+        wgmma_cases += chosen.tier == kvattn::detail::PrefillTier::wgmma;
+        SCOPED_TRACE(std::string(tier) + " " + chosen.name() + " " + c.variant.describe());
+        run_prefill_case(c, rng);
+      }
+  }
+  EXPECT_EQ(wgmma_cases, int(std::size(shapes) * std::size(variants)));
 #endif
 }
 

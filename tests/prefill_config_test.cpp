@@ -34,6 +34,7 @@ kvattn::detail::Overrides tanh_forced(kvattn::detail::TanhForm t) {
 }
 
 TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
+  ScopedOverride mma_sync("KVATTN_PREFILL_TIER", "mma_sync");  // the mma.sync tier's table
   auto c = prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 0, 4096);
   EXPECT_EQ(c.heads_per_cta, 4);
   EXPECT_EQ(c.rows(), 128);  // the default long shape (m2k64): 4 warps x 2 m-tiles, KV 64, 2 stages, 2 CTAs/SM
@@ -93,6 +94,106 @@ TEST(PrefillConfig, PacksTheGroupAndSizesTheMTileByTheLongestRequest) {
   EXPECT_EQ(prefill_choice(DType::f16, DType::f16, DType::f16, 64, 64, 7, false, 0, 0, 1000).query_tokens(), 18);
 }
 
+// The Hopper tier (PrefillTier::wgmma): sm_90a devices, long query runs of 2-byte K/V in the q
+// dtype without RoPE, head dims multiples of 64; a producer warpgroup and two consumer
+// warpgroups, 128 query rows, KV tiles of 128 tokens (64 above head dim 128), 2 stages.
+TEST(PrefillConfig, HopperTierForLongRunsOnSm90a) {
+  using kvattn::detail::PrefillTier;
+  for (DType t : {DType::bf16, DType::f16})
+    for (auto [dqk, dvo] : {std::pair{64, 64}, {128, 128}, {192, 128}, {256, 256}, {64, 128}})
+      for (bool paged : {false, true})
+        for (int group : {1, 4, 8}) {
+          const auto c = prefill_choice(t, t, t, dqk, dvo, group, paged, 16, kvattn::kernels::kCausal, 4096);
+          SCOPED_TRACE(c.name());
+          EXPECT_EQ(c.tier, PrefillTier::wgmma);
+          EXPECT_EQ(c.name().rfind("prefill_wgmma_", 0), 0u);
+          EXPECT_EQ(c.threads(), 384);  // a producer warpgroup and two consumer warpgroups
+          EXPECT_EQ(c.rows(), 128);
+          EXPECT_EQ(c.query_tokens(), 128 / group);
+          EXPECT_EQ(c.kv_tile, std::max(dqk, dvo) <= 128 ? 128 : 64);
+          EXPECT_EQ(c.stages, 2);
+          EXPECT_EQ(c.min_blocks, 1);
+          EXPECT_LE(prefill_smem_bytes(c), h200().smem_per_block_optin);
+          EXPECT_EQ(tuning_name(c.tuning), "lazy");
+        }
+  // Where it does not apply: fp8 K/V, fused RoPE, head dims off the 64-column blocks, short runs
+  // (fewer than 64 packed rows), decode; and on every device without sm_90a.
+  using namespace kvattn::kernels;
+  auto tier_of = [](auto&&... args) { return prefill_choice(args...).tier; };
+  EXPECT_EQ(tier_of(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, true, 16, kCausal, 4096), PrefillTier::mma_sync);
+  EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, kCausal | kRope, 4096),
+            PrefillTier::mma_sync);
+  EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 96, 96, 4, false, 16, kCausal, 4096), PrefillTier::mma_sync);
+  EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 16, kCausal, 63), PrefillTier::mma_sync);
+  EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 16, kCausal, 64), PrefillTier::wgmma);
+  EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 8, true, 16, kCausal, 1), PrefillTier::mma_sync);
+  EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 8, true, 16, kCausal, 8), PrefillTier::wgmma);
+  for (const char* a : {"sm_80", "sm_86", "sm_89"})
+    EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, kCausal, 4096, arch(a)),
+              PrefillTier::mma_sync)
+        << a;
+  // KVATTN_PREFILL_TIER=mma_sync keeps the mma.sync tier on sm_90a (=wgmma is the default there).
+  {
+    ScopedOverride mma("KVATTN_PREFILL_TIER", "mma_sync");
+    EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, kCausal, 4096),
+              PrefillTier::mma_sync);
+  }
+  {
+    ScopedOverride wgmma("KVATTN_PREFILL_TIER", "wgmma");
+    EXPECT_EQ(tier_of(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, kCausal, 4096, arch("sm_80")),
+              PrefillTier::mma_sync);  // where it cannot run
+  }
+  EXPECT_KVATTN_ERROR(ScopedOverride("KVATTN_PREFILL_TIER", "hopper"), "KVATTN_PREFILL_TIER");
+  // The variants' tuning on the tier: the fixed shift for bf16 soft-cap (f16: the lazy rescale),
+  // the whole-tile transform for ALiBi, tanh.approx for soft-cap unless KVATTN_PREFILL_TANH=exact.
+  const auto capped = prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 16, kCausal | kSoftCap,
+                                     4096, h200(), false, 30.0f);
+  EXPECT_EQ(capped.tier, PrefillTier::wgmma);
+  EXPECT_EQ(capped.tuning.softmax, kvattn::kernels::prefill::SoftmaxForm::fixed_shift);
+  EXPECT_TRUE(capped.fast_tanh);
+  EXPECT_EQ(prefill_choice(DType::f16, DType::f16, DType::f16, 128, 128, 1, false, 16, kCausal | kSoftCap, 4096, h200(),
+                           false, 30.0f)
+                .tuning.softmax,
+            kvattn::kernels::prefill::SoftmaxForm::lazy_rescale);
+  EXPECT_FALSE(prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 16, kCausal | kSoftCap, 4096,
+                              h200(), false, 30.0f, tanh_forced(kvattn::detail::TanhForm::exact))
+                   .fast_tanh);
+  EXPECT_TRUE(prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, kCausal | kAlibi, 4096)
+                  .tuning.whole_tile_transform);
+}
+
+// Presets list a Hopper-tier kernel for sm_90a only and its mma.sync twin (what the other archs
+// choose) for the archs below, so CI compiles each tier where it runs.
+TEST(PrefillConfig, PresetsCompileEachTierWhereItRuns) {
+  auto names = [](const char* a) {
+    std::set<std::string> n;
+    for (const auto& s : kvattn::cuda::preset_specs("prefill", a)) n.insert(s.name);
+    return n;
+  };
+  const auto hopper = names("sm_90a"), ampere = names("sm_80");
+  int wgmma = 0;
+  for (const std::string& n : hopper) wgmma += n.rfind("prefill_wgmma_", 0) == 0;
+  EXPECT_GE(wgmma, 10);
+  for (const std::string& n : ampere) EXPECT_NE(n.rfind("prefill_wgmma_", 0), 0u) << n;
+  // What sm_80 has and sm_90a lacks are the twins of Hopper-tier kernels, mma.sync kernels all,
+  // among them the long hd 128 causal ragged one (4 warps x 2 m-tiles; chosen for the H200's limits
+  // as every preset kernel is).
+  int below_only = 0;
+  for (const std::string& n : ampere)
+    if (!hopper.count(n)) {
+      ++below_only;
+      EXPECT_EQ(n.rfind("prefill_", 0), 0u) << n;
+    }
+  EXPECT_GE(below_only, 1);
+  EXPECT_LE(below_only, wgmma);
+  ScopedOverride mma_sync("KVATTN_PREFILL_TIER", "mma_sync");  // presets choose for the H200's limits
+  const std::string twin =
+      prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, kvattn::kernels::kCausal, 4096)
+          .name();
+  EXPECT_TRUE(ampere.count(twin)) << twin;
+  EXPECT_FALSE(hopper.count(twin)) << twin;
+}
+
 TEST(PrefillConfig, WideHeadsTakeEightWarpsAndOneCTAPerSM) {
   // The default long shape for head dims above 128: 8 warps x 1 m-tile, KV 64, 2 stages, 1 CTA/SM.
   auto c = prefill_choice(DType::bf16, DType::bf16, DType::bf16, 256, 256, 1, false, 0, 0, 4096);
@@ -115,6 +216,7 @@ TEST(PrefillConfig, WideHeadsTakeEightWarpsAndOneCTAPerSM) {
 // KV tiles or fewer stages where the H200's choice would not fit (hd 208 m2k64 paged needs 169 KB;
 // 128 x 112 needs more than 99 KB).
 TEST(PrefillConfig, FitsTheDevicesSharedMemory) {
+  ScopedOverride mma_sync("KVATTN_PREFILL_TIER", "mma_sync");  // the mma.sync tier's table
   int shrunk = 0;
   for (int dqk = 16; dqk <= 256; dqk += 16)
     for (int dvo : {dqk, 128})
@@ -147,6 +249,7 @@ TEST(PrefillConfig, FitsTheDevicesSharedMemory) {
 
 // The architectures' limits as the table has them (the CUDA C++ Programming Guide's values).
 TEST(PrefillConfig, DeviceLimitsOfEachArchitecture) {
+  ScopedOverride mma_sync("KVATTN_PREFILL_TIER", "mma_sync");  // the mma.sync tier's table
   EXPECT_EQ(arch("sm_90a").smem_per_block_optin, 227 * 1024);
   EXPECT_EQ(arch("sm_90a").smem_per_sm, 228 * 1024);
   EXPECT_EQ(arch("sm_80").smem_per_block_optin, 163 * 1024);
@@ -194,6 +297,7 @@ TEST(PrefillConfig, UnsupportedDtypesAndDimsAreErrors) {
 }
 
 TEST(PrefillConfig, NamesAreDistinct) {
+  ScopedOverride mma_sync("KVATTN_PREFILL_TIER", "mma_sync");  // the mma.sync tier's table
   auto a = prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 1, 4096);
   auto b = prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, false, 16, 1, 4096);
   auto c = prefill_choice(DType::bf16, DType::e4m3, DType::f32, 192, 128, 4, true, 16, 1, 4096);
@@ -291,6 +395,7 @@ TEST(PrefillConfig, DecodeShapeKnob) {
 // JIT cache key), its own template argument, and the default preset lists both of every paged
 // kernel, so CI compiles them. The flag means nothing for ragged KV.
 TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
+  ScopedOverride mma_sync("KVATTN_PREFILL_TIER", "mma_sync");  // the mma.sync tier's table
   auto host = prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, true, 16, 1, 4096);
   EXPECT_FALSE(host.checked_ids);  // the choice itself never asks for checks
   auto device = host;

@@ -49,6 +49,8 @@ constexpr std::pair<std::string_view, PrefillLongShape> kLongShapes[] = {
     {"m2k32", PrefillLongShape::m2k32}, {"m1k64", PrefillLongShape::m1k64}, {"m2w8", PrefillLongShape::m2w8}};
 constexpr std::pair<std::string_view, TanhForm> kTanhForms[] = {{"exact", TanhForm::exact},
                                                                {"approx", TanhForm::approx}};
+constexpr std::pair<std::string_view, PrefillTier> kPrefillTiers[] = {{"mma_sync", PrefillTier::mma_sync},
+                                                                     {"wgmma", PrefillTier::wgmma}};
 
 // "lazy,swizzle,unroll,packp,lean" (',' or '+' between names; "none": every choice off).
 PrefillTuning parse_tuning(std::string_view var, std::string_view v) {
@@ -181,6 +183,10 @@ const std::vector<Entry>& entries() {
         "soft-cap's tanh on every prefill shape (default: tanh.approx on the long shape, exact elsewhere)"},
        [](std::string_view var, std::string_view v, Overrides& o) { o.prefill_tanh = parse_enum(var, v, kTanhForms); },
        [](Overrides& o) { o.prefill_tanh.reset(); }},
+      {{"KVATTN_PREFILL_TIER", "mma_sync|wgmma",
+        "the prefill kernel tier where both apply (default: wgmma on sm_90a, cuda::choose_prefill)"},
+       [](std::string_view var, std::string_view v, Overrides& o) { o.prefill_tier = parse_enum(var, v, kPrefillTiers); },
+       [](Overrides& o) { o.prefill_tier.reset(); }},
       {{"KVATTN_PREFILL_TUNING", "none | lazy|shift,swizzle,unroll,packp,lean,wholetile,halves|quarters",
         "the prefill kernels' code-generation choices (kernels/prefill/smem_layout.cuh)"},
        [](std::string_view var, std::string_view v, Overrides& o) { o.prefill_tuning = parse_tuning(var, v); },
@@ -318,5 +324,6 @@ std::string_view name_of(PrefillLongShape s) {
 }
 
 std::string_view name_of(TanhForm t) { return t == TanhForm::exact ? "exact" : "approx"; }
+std::string_view name_of(PrefillTier t) { return t == PrefillTier::wgmma ? "wgmma" : "mma_sync"; }
 
 }  // namespace kvattn::detail

@@ -28,6 +28,9 @@ enum class DecodeGrid : uint8_t { items, workers };
 enum class PrefillLongShape : uint8_t { m2k64, m2k48, m2k48s3, m2k32, m1k64, m2w8 };
 // Soft-cap's tanh: exact (ex2 + rcp) or tanh.approx.f32.
 enum class TanhForm : uint8_t { exact, approx };
+// The prefill kernel tier: mma.sync (portable, sm_80+) or the Hopper wgmma tier (sm_90a only;
+// cuda::choose_prefill says where it applies).
+enum class PrefillTier : uint8_t { mma_sync, wgmma };
 
 // The prefill kernels' decode shape: KV warps, tokens per warp, stages, CTAs per SM.
 struct PrefillDecodeShape {
@@ -46,6 +49,7 @@ struct Overrides {
   std::optional<int> decode_l2_prefetch;                // KVATTN_DECODE_L2_PREFETCH, 64|128|256 bytes
   std::optional<PrefillLongShape> prefill_long_shape;   // KVATTN_PREFILL_VARIANT
   std::optional<TanhForm> prefill_tanh;                 // KVATTN_PREFILL_TANH
+  std::optional<PrefillTier> prefill_tier;              // KVATTN_PREFILL_TIER
   std::optional<kernels::prefill::PrefillTuning> prefill_tuning;  // KVATTN_PREFILL_TUNING
   std::optional<int> prefill_lazy_log2;                 // KVATTN_PREFILL_LAZY_LOG2, 1..8
   std::optional<PrefillDecodeShape> prefill_decode_shape;  // KVATTN_PREFILL_DECODE_SHAPE
@@ -114,5 +118,6 @@ class EnvironmentOverridesScope {
 std::string tuning_name(const kernels::prefill::PrefillTuning& t);
 std::string_view name_of(PrefillLongShape s);
 std::string_view name_of(TanhForm t);
+std::string_view name_of(PrefillTier t);
 
 }  // namespace kvattn::detail

@@ -19,6 +19,8 @@ struct DeviceLimits {
   // cp.async.bulk, TMA and mbarrier transactions (sm_90+), with the shared memory the bulk decode
   // kernels' pipelines need.
   bool has_bulk_copies() const { return cc_major >= 9 && smem_per_block_optin >= 200 * 1024; }
+  // wgmma and setmaxnreg: the sm_90a target, which only compute capability 9.0 has.
+  bool has_wgmma() const { return cc_major == 9 && cc_minor == 0; }
   // Shared memory each of `ctas` resident CTAs can have: its share of the SM less the
   // per-block reservation, and no more than one block may opt in to.
   int64_t smem_per_cta(int ctas) const;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <optional>
 #include <tuple>
 #include "cuda/kernel_registry.h"
 
@@ -55,6 +56,11 @@ PrefillKernelConfig prefill_for(DType q, DType kv, int dqk, int dvo, int group, 
   key.uniform_decode = uniform_decode;
   key.soft_cap = soft_cap;
   return choose_prefill(key, preset_limits(), ov);
+}
+
+detail::Overrides with_mma_sync(detail::Overrides ov) {
+  ov.prefill_tier = detail::PrefillTier::mma_sync;
+  return ov;
 }
 
 detail::Overrides with_tanh(detail::Overrides ov, detail::TanhForm t) {
@@ -125,17 +131,32 @@ std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
 }
 
 // A prefill kernel, for a paged one its twin that reads a device-resident page table (ids checked
-// in the kernel), and its merge kernel unless already listed.
-void add_prefill_kernel(std::vector<RegisteredKernel>& out, const PrefillKernelConfig& c) {
-  out.push_back({c.name(), [c](const std::string& arch) { return prefill_spec(c, arch); }});
-  if (c.paged) {
+// in the kernel), and its merge kernel unless already listed. A Hopper-tier kernel is compiled
+// for sm_90a only, its mma.sync twin (`fallback`, what other archs choose) for the archs below.
+void add_prefill_kernel(std::vector<RegisteredKernel>& out, const PrefillKernelConfig& c,
+                        const std::optional<PrefillKernelConfig>& fallback = std::nullopt) {
+  const bool wgmma = c.tier == detail::PrefillTier::wgmma;
+  for (bool checked : {false, true}) {
+    if (checked && !c.paged) break;
     PrefillKernelConfig d = c;
-    d.checked_ids = true;
-    out.push_back({d.name(), [d](const std::string& arch) { return prefill_spec(d, arch); }});
+    d.checked_ids = checked;
+    out.push_back({d.name(), [d](const std::string& arch) { return prefill_spec(d, arch); }, wgmma ? 90 : 0});
+    if (wgmma && fallback) {
+      PrefillKernelConfig f = *fallback;
+      f.checked_ids = checked;
+      out.push_back({f.name(), [f](const std::string& arch) { return prefill_spec(f, arch); }, 0, 90});
+    }
   }
   KernelSpec m = prefill_merge_spec(c, "sm_80");
   auto dup = std::find_if(out.begin(), out.end(), [&](const RegisteredKernel& k) { return k.name == m.name; });
   if (dup == out.end()) out.push_back({m.name, [c](const std::string& arch) { return prefill_merge_spec(c, arch); }});
+}
+
+// A prefill kernel as `make` chooses it under `ov`, with its mma.sync twin when that is a Hopper-tier
+// kernel.
+template <class Make>
+void add_prefill(std::vector<RegisteredKernel>& out, const detail::Overrides& ov, Make make) {
+  add_prefill_kernel(out, make(ov), make(with_mma_sync(ov)));
 }
 
 // Prefill/append kernels of the same deployments: causal bf16/f16 prefill over ragged and paged
@@ -145,7 +166,7 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
                  int page_size = 16) {
-    add_prefill_kernel(out, prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, ov));
+    add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, o); });
   };
   for (DType t : {DType::bf16, DType::f16})
     for (int hd : {64, 128, 256})
@@ -156,9 +177,9 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
   add(DType::bf16, DType::bf16, 128, 128, 4, false, 0, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kSoftCap, 4096);
   // The long soft-cap kernel's exact-tanh form too (KVATTN_PREFILL_TANH=exact), so CI compiles both.
-  add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+  add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
                                       kernels::kCausal | kernels::kSoftCap, 4096,
-                                      with_tanh(ov, detail::TanhForm::exact)));
+                                      with_tanh(o, detail::TanhForm::exact)); });
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kSlidingWindow, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kAlibi, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCustomMask, 4096);
@@ -174,7 +195,7 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
 std::vector<RegisteredKernel> prefill_bench_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](int hd, bool paged, int page_size, uint32_t features) {
-    add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, hd, hd, 1, paged, page_size, features, 16384, ov));
+    add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, hd, hd, 1, paged, page_size, features, 16384, o); });
   };
   for (int hd : {64, 128, 256})
     for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);
@@ -183,13 +204,13 @@ std::vector<RegisteredKernel> prefill_bench_kernels(const detail::Overrides& ov)
   // Soft-cap in both tanh forms (tanh.approx is the long shape's default; KVATTN_PREFILL_TANH=exact).
   for (detail::TanhForm tanh : {detail::TanhForm::approx, detail::TanhForm::exact}) {
     for (int hd : {128, 64, 256})
-      add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, hd, hd, 1, false, 16,
-                                          kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(ov, tanh)));
-    add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                        kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(ov, tanh)));
+      add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, hd, hd, 1, false, 16,
+                                          kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(o, tanh)); });
+    add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
+                                        kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(o, tanh)); });
   }
-  add_prefill_kernel(out, prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal, 16384, ov,
-                                      false, 0.0f));
+  add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal, 16384, o,
+                                      false, 0.0f); });
   return out;
 }
 
@@ -224,8 +245,8 @@ std::vector<Preset> build(const detail::Overrides& ov) {
   // before sm_90 for groups 4-16; KVATTN_DECODE_KERNEL=prefill and `bench decode --via-prefill`).
   for (int group : {4, 8})
     for (bool uniform : {false, true})
-      add_prefill_kernel(decode, prefill_for(DType::bf16, DType::bf16, 128, 128, group, true, 16, 0, 1, ov, uniform,
-                                             0.0f));
+      add_prefill(decode, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, group, true, 16, 0, 1, o, uniform,
+                                             0.0f); });
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
   p.push_back({"bench-prefill", "what `kvattn bench prefill` adds: MHA (group 1), pages of 1 and 16, soft-cap",
@@ -261,7 +282,7 @@ std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string&
   const Preset& p = overrides ? *std::find_if(with.begin(), with.end(), [&](const Preset& x) { return x.name == preset; })
                               : known;
   for (const auto& k : p.kernels)
-    if (sm >= k.min_sm) specs.push_back(k.make(arch));
+    if (k.for_arch(sm)) specs.push_back(k.make(arch));
   return specs;
 }
 

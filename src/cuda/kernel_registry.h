@@ -17,7 +17,9 @@ namespace kvattn::cuda {
 struct RegisteredKernel {
   std::string name;                                     // same as the spec's name
   std::function<KernelSpec(const std::string& arch)> make;
-  int min_sm = 0;  // compiled only for archs from this one on (90: Hopper instructions), 0: any
+  int min_sm = 0;    // compiled only for archs from this one on (90: Hopper instructions), 0: any
+  int below_sm = 0;  // compiled only for archs below this one (a fallback those archs run), 0: any
+  bool for_arch(int sm) const { return sm >= min_sm && (below_sm == 0 || sm < below_sm); }
 };
 
 struct Preset {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "kernels/prefill/smem_layout.cuh"
+#include "kernels/prefill/wgmma_layout.cuh"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
 
@@ -13,7 +14,7 @@ namespace kvattn::cuda {
 
 std::string PrefillKernelConfig::name() const {
   // Appends only: `"x" + std::to_string(...)` makes GCC 12 warn (-Wrestrict, a false positive).
-  std::string n = "prefill_";
+  std::string n = tier == detail::PrefillTier::wgmma ? "prefill_wgmma_" : "prefill_";
   auto add = [&n](const char* tag, std::string_view value) { n.append(tag).append(value); };
   n += dtype_name(q_dtype);
   if (kv_dtype != q_dtype) add("_kv", dtype_name(kv_dtype));
@@ -163,6 +164,36 @@ void set_cap_shift(PrefillKernelConfig& c, float soft_cap, const detail::Overrid
   else if (c.tuning.softmax == SoftmaxForm::fixed_shift)
     c.tuning.softmax = SoftmaxForm::lazy_rescale;
 }
+
+// The Hopper tier for a long query run when it applies (choose_prefill's first rule): fills `c`
+// (dtypes, head dims, features, paging and heads per CTA set) and returns true, else leaves it.
+bool choose_wgmma(PrefillKernelConfig& c, const DeviceLimits& limits, const detail::Overrides& ov, float soft_cap) {
+  using namespace kernels;
+  const bool applies = limits.has_wgmma() && c.kv_dtype == c.q_dtype && !(c.features & kRope) &&
+                       c.head_dim_qk % 64 == 0 && c.head_dim_vo % 64 == 0 && c.heads_per_cta <= 128;
+  if (!applies || ov.prefill_tier.value_or(detail::PrefillTier::wgmma) != detail::PrefillTier::wgmma) return false;
+  PrefillKernelConfig w = c;
+  w.tier = detail::PrefillTier::wgmma;
+  w.warps = 8;
+  w.m_tiles = 1;
+  w.kv_warps = 1;
+  w.kv_tile = std::max(c.head_dim_qk, c.head_dim_vo) <= 128 ? 128 : 64;
+  w.stages = 2;
+  w.min_blocks = 1;
+  const bool soft_capped = (c.features & kSoftCap) != 0;
+  w.fast_tanh = soft_capped && ov.prefill_tanh != detail::TanhForm::exact;
+  // Of the tuning only the softmax form and the whole-tile transform apply: the rest is cleared so
+  // that the name says what the kernel does.
+  const PrefillTuning tuning = ov.prefill_tuning.value_or(
+      PrefillTuning{SoftmaxForm::lazy_rescale, false, false, false, false, (c.features & kAlibi) != 0, TileSplit::whole});
+  w.tuning = PrefillTuning{};
+  w.tuning.softmax = tuning.softmax;
+  w.tuning.whole_tile_transform = tuning.whole_tile_transform;
+  set_cap_shift(w, soft_cap, ov);
+  if (prefill_smem_bytes(w) > limits.smem_per_block_optin) return false;
+  c = w;
+  return true;
+}
 }  // namespace
 
 PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLimits& limits,
@@ -205,6 +236,7 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
   for (int g = 1; g <= group && g <= 128; ++g)
     if (group % g == 0) c.heads_per_cta = g;
   const int64_t rows = std::max<int64_t>(1, key.max_qo_len) * c.heads_per_cta;
+  if (2 * rows >= 128 && choose_wgmma(c, limits, ov, key.soft_cap)) return c;
   const detail::PrefillLongShape long_shape = ov.prefill_long_shape.value_or(detail::PrefillLongShape::m2k64);
   const PrefillTileShape s = prefill_long_shape(long_shape, dqk, dvo);
   const int long_rows = s.warps * 16 * s.m_tiles;
@@ -285,6 +317,9 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
 }
 
 int prefill_smem_bytes(const PrefillKernelConfig& c) {
+  if (c.tier == detail::PrefillTier::wgmma)
+    return kernels::prefill::wgmma_smem_layout(c.head_dim_qk, c.head_dim_vo, c.rows(), c.kv_tile, c.stages, c.paged)
+        .total;
   const bool rope = (c.features & kernels::kRope) != 0;
   const int kv_bytes = int(dtype_size(c.kv_dtype));
   const bool swizzled =
@@ -339,13 +374,17 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
              ", " + boolean(t.unroll_qk) + ", " + boolean(t.pack_p) + ", " + boolean(t.lean_copies) + ", " +
              boolean(t.whole_tile_transform) + ", kvattn::kernels::prefill::TileSplit::" + tile_split(t.split) + "}");
   config += "};\n";
-  spec.source = "#include \"kernels/prefill/entry.cuh\"\n" + config +
+  const bool wgmma = c.tier == detail::PrefillTier::wgmma;
+  // The wgmma tile layout swizzles on 1024-byte periods of shared addresses.
+  spec.source = std::string(wgmma ? "#include \"kernels/prefill/prefill_wgmma_kernel.cuh\"\n" : "") +
+                "#include \"kernels/prefill/entry.cuh\"\n" + config +
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
                 std::to_string(c.min_blocks) + ") " + spec.entry +
                 "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
-                "  extern __shared__ __align__(16) char smem[];\n"
-                "  kvattn::kernels::prefill::run_one_item<kvattn::kernels::prefill::PrefillMmaKernel<"
-                "kvattn::kernels::prefill::PrefillConfig<KernelConfig>>>(p, smem);\n}\n";
+                "  extern __shared__ __align__(" + (wgmma ? "1024" : "16") + ") char smem[];\n"
+                "  kvattn::kernels::prefill::run_one_item<kvattn::kernels::prefill::" +
+                (wgmma ? "PrefillWgmmaKernel" : "PrefillMmaKernel") +
+                "<kvattn::kernels::prefill::PrefillConfig<KernelConfig>>>(p, smem);\n}\n";
   // The lazy rescale's threshold (score_math.cuh; 8 by default): a compile option, in the JIT key.
   if (c.lazy_log2 > 0) spec.options.push_back("-DKVATTN_PREFILL_LAZY_LOG2=" + std::to_string(c.lazy_log2) + ".0f");
   return spec;

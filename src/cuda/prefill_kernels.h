@@ -17,6 +17,11 @@ namespace kvattn::cuda {
 
 // Everything that specialises one prefill kernel.
 struct PrefillKernelConfig {
+  // mma_sync: kernels/prefill/prefill_mma_kernel.cuh, `warps` x `kv_warps` warps. wgmma: the Hopper
+  // tier (kernels/prefill/prefill_wgmma_kernel.cuh), a producer warpgroup and `warps` = 8 consumer
+  // warps; m_tiles 1, kv_warps 1, and of the tuning only the softmax form and the whole-tile
+  // transform apply.
+  detail::PrefillTier tier = detail::PrefillTier::mma_sync;
   DType q_dtype = DType::bf16, kv_dtype = DType::bf16, o_dtype = DType::bf16;
   int head_dim_qk = 128, head_dim_vo = 128;
   int heads_per_cta = 1;  // query heads of one KV head's group packed into the M tile (blockIdx.y: the rest)
@@ -40,11 +45,12 @@ struct PrefillKernelConfig {
   // The lazy rescale's threshold in log2 units (score_math.cuh); 0: the default (8).
   int lazy_log2 = 0;
 
-  int threads() const { return warps * kv_warps * 32; }
+  int threads() const { return tier == detail::PrefillTier::wgmma ? (warps + 4) * 32 : warps * kv_warps * 32; }
   int rows() const { return warps * 16 * m_tiles; }
   // Query tokens per work item (the planner's TileShape::query_tokens).
   int query_tokens() const { return rows() / heads_per_cta; }
-  // "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_lazy-swizzle-unroll-packp-lean"
+  // "prefill_bf16_hd128_g4_w4x2_k64_s2_b2_paged16_f1_lazy-swizzle-unroll-packp-lean",
+  // "prefill_wgmma_bf16_hd128_g1_w8_k128_s2_ragged_f1_lazy"
   std::string name() const;
   bool operator==(const PrefillKernelConfig&) const = default;
 };
@@ -91,6 +97,12 @@ kernels::prefill::PrefillTuning prefill_tuning_for(uint32_t features, int head_d
                                                    int heads_per_cta, bool paged, bool fast_tanh = false);
 
 // The heuristic (unit-tested in tests/prefill_config_test.cpp):
+//  - the Hopper tier (PrefillTier::wgmma) on devices with sm_90a (DeviceLimits::has_wgmma) for long
+//    query runs (packed rows >= 64, as the long shape) of 2-byte K/V in the q dtype without RoPE,
+//    head dims multiples of 64 up to 256: 128 query rows, KV tiles of 128 tokens (64 above head
+//    dim 128), 2 stages; the lazy rescale (the fixed shift for bf16 soft-cap), the whole-tile
+//    transform for ALiBi, tanh.approx for soft-cap. Overrides::prefill_tier = mma_sync keeps the
+//    mma.sync tier. Everything else below is the mma.sync tier;
 //  - tensor cores always: q is f16 or bf16 and the MMA type; KV is the same dtype or fp8 (e4m3,
 //    e5m2: converted in shared memory, scales folded into sm_scale and the output);
 //  - heads per CTA: the largest divisor of the GQA group up to 128 (the whole group, in practice);
@@ -110,7 +122,7 @@ kernels::prefill::PrefillTuning prefill_tuning_for(uint32_t features, int head_d
 //    Overrides::prefill_tanh forces one. A request's tanh form thus follows its batch's longest
 //    query run (as its tile shape does); bf16 soft-cap through tanh.approx at hd 64 on the
 //    default m2k64 takes two stages instead of three.
-// Overrides: prefill_long_shape, prefill_tuning (replaces every kernel's tuning, except that the
+// Overrides: prefill_tier, prefill_long_shape, prefill_tuning (replaces every kernel's tuning, except that the
 // fixed shift is taken away where it does not apply), prefill_tanh, prefill_decode_shape,
 // prefill_lazy_log2. Throws kvattn::Error naming the value for dtypes or head dims the GPU
 // kernels do not take.

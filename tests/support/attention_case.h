@@ -33,7 +33,7 @@ struct AttnCase {
   kvattn::Variant variant{};
   kvattn::KVLayout layout = kvattn::KVLayout::NHD;
   int page_size = 16;
-  int runs = 1;  // GPU decode: run() this many times on one plan, outputs re-poisoned before each
+  int runs = 1;  // GPU: run() this many times on one plan, outputs re-poisoned before each, bytes compared
   KVStore store = KVStore::paged;
   bool strided = false;  // padded row/head strides on q, k, v, out, lse
   bool want_lse = true;  // ignored for sigmoid attention (it has no lse)

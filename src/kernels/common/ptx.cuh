@@ -37,6 +37,10 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile(KVATTN_CP_ASYNC_16 " [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
 }
+// The same by shared-state-space address (smem_addr).
+__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile(KVATTN_CP_ASYNC_16 " [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
+}
 // 16-byte copy to a shared-state-space address (smem_addr): callers that step it by constants
 // get them folded into the instruction's offset.
 __device__ __forceinline__ void cp_async_16_to(uint32_t smem, const void* gmem) {

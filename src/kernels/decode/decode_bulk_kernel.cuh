@@ -37,6 +37,7 @@
 //   STAGES = 4: 143,744: 1 CTA per SM (the host then keeps 4 warps: only when asked for).
 #pragma once
 
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/decode/decode_mma_kernel.cuh"
 #include "kernels/decode/params.cuh"
@@ -50,44 +51,6 @@ namespace kvattn::kernels::decode {
 
 namespace bulk_detail {
 
-// PTX ISA 8.0+, sm_90. Addresses are shared-window addresses (smem_addr); "memory" clobbers keep
-// the compiler from moving shared-memory accesses across the waits and fences.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_inval(uint32_t bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Makes prior mbarrier.init visible to the async proxy (the only form the ISA has: .release.cluster).
-__device__ __forceinline__ void fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Orders this thread's generic-proxy shared-memory accesses against later async-proxy ones.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// One arrival (release, CTA scope) that also raises the phase's expected transaction bytes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Whether the phase of parity `parity` has completed (acquire, CTA scope); may suspend a while.
-__device__ __forceinline__ bool mbar_try_wait_parity(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      "  .reg .pred p;\n"
-      "  mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "  selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
-  while (!mbar_try_wait_parity(bar, parity)) {
-  }
-}
 // global -> shared copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) by the copy
 // engine, completing `bytes` transactions on the mbarrier. The shared::cluster destination form is
 // the sm_90 one; a CTA launched without a cluster is its own cluster, so its shared::cta addresses

@@ -44,17 +44,8 @@ __device__ __forceinline__ void tensor_copy_4d(uint32_t dst, const void* map, in
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
-// The barrier's current phase also waits for this thread's earlier cp.async copies (the pending
-// count is raised now and lowered when they complete: no net arrival). "Earlier" means all of
-// them, also those into other stages: harmless, those complete at least as early.
-__device__ __forceinline__ void cp_async_arrive_on(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void prefetch_tensor_map(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 }  // namespace tma_detail

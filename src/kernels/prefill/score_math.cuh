@@ -221,12 +221,23 @@ struct ScoreMath {
   template <int NACC, int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void online_softmax(float (&s)[MT][kNT][4], float (&m)[MT][2], float (&d)[MT][2],
                                                         float (&acc)[MT][NACC][4], float c) {
+    float rescale[MT][2];
+    if (softmax_weights<N0, N1>(s, m, d, rescale, c)) rescale_acc(acc, rescale);
+  }
+
+  // The online softmax without touching O (the Hopper kernel's P V of the previous tile is still
+  // in flight): updates m and d, turns the scores into weights and returns whether O must be
+  // rescaled (some row of the warp moved), by rescale[mt][r] (rescale_acc, once O is free).
+  template <int N0 = 0, int N1 = kNT>
+  static __device__ __forceinline__ bool softmax_weights(float (&s)[MT][kNT][4], float (&m)[MT][2],
+                                                         float (&d)[MT][2], float (&rescale)[MT][2], float c) {
     if constexpr (C::kCapShift) {  // P = 2^(c s - shift), m = shift / c throughout
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const float neg_shift = -m[mt][r] * c;
+          rescale[mt][r] = 1.0f;
 #pragma unroll
           for (int n = N0; n < N1; ++n)
 #pragma unroll
@@ -235,9 +246,8 @@ struct ScoreMath {
               d[mt][r] += s[mt][n][j];
             }
         }
-      return;
+      return false;
     }
-    float rescale[MT][2];
     bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -268,14 +278,17 @@ struct ScoreMath {
             d[mt][r] += s[mt][n][j];
           }
       }
-    if (__any_sync(0xffffffffu, moved)) {
+    return __any_sync(0xffffffffu, moved);
+  }
+
+  template <int NACC>
+  static __device__ __forceinline__ void rescale_acc(float (&acc)[MT][NACC][4], const float (&rescale)[MT][2]) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < NACC; ++n)
+      for (int n = 0; n < NACC; ++n)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) acc[mt][n][j] *= rescale[mt][j / 2];
-    }
+        for (int j = 0; j < 4; ++j) acc[mt][n][j] *= rescale[mt][j / 2];
   }
 };
 
