@@ -484,6 +484,7 @@ TEST(GpuPrefill, HopperTierAgainstTheReference) {
         c.lens = {{rng.integer(200, 420), rng.integer(420, 700)}, {rng.integer(64, 130), rng.integer(130, 300)}};
         c.variant = variants[v];
         c.store = kStores[(i + v) % 3];
+        if (c.store == KVStore::paged_combined && sh.dqk != sh.dvo) c.store = KVStore::paged;  // one K/V tensor
         constexpr int kPageSizes[] = {1, 5, 16};
         c.page_size = kPageSizes[v % 3];
         c.layout = (i + v) % 2 ? KVLayout::HND : KVLayout::NHD;

@@ -46,8 +46,9 @@ struct PrefillWgmmaKernel {
   static constexpr WgmmaSmemLayout kLayout =
       wgmma_smem_layout(C::DQK, C::DVO, C::kM, C::KV_TILE, C::STAGES, C::PAGED);
   static constexpr int kSmemBytes = kLayout.total;
-  // Named barriers: 1 hands the bad-page flag to the consumers, 2 orders the producer's ring.
-  static constexpr int kFlagBarrier = 1, kRingBarrier = 2;
+  // Named barriers: 1 hands the bad-page flag to the consumers, 2 orders the producer's ring, 3
+  // and 4 are the consumers' turns.
+  static constexpr int kFlagBarrier = 1, kRingBarrier = 2, kTurnBarrier = 3;  // 3 and 4
 
   // mbarrier addresses: Q full; per stage K full, V full, K empty, V empty.
   struct Barriers {
@@ -219,9 +220,27 @@ struct PrefillWgmmaKernel {
     const int32_t pos0 = it.kv_len - it.qo_len + it.q_begin;
     auto last_pos = [&](int first_row, int rows) { return pos0 + min((first_row + rows - 1) / C::GH, it.q_tokens - 1); };
     // Tiles are skipped per warpgroup (its MMAs are collective) and masked per warp.
-    const bool group_active = group_row0 < it.q_tokens * C::GH;
-    const int32_t group_first = pos0 + group_row0 / C::GH, group_last = last_pos(group_row0, 64);
     const int32_t pos_first = pos0 + row0 / C::GH, pos_last = last_pos(row0, 16);
+    // The tiles a warpgroup computes: one range [begin, end) (its causal mask hides the tiles
+    // after it entirely, its window the tiles before it); both warpgroups' ranges are known to
+    // both, for the turns below.
+    struct Range {
+      int32_t begin, end;
+    };
+    auto range_of = [&](int first_row) {
+      Range r{0, first_row < it.q_tokens * C::GH ? n_tiles : 0};
+      const int32_t first = pos0 + first_row / C::GH, last = last_pos(first_row, 64);
+      if (C::FEATURES & kCausal)  // tiles whose first key is past the group's last query
+        r.end = last < it.kv_begin ? 0 : min(r.end, (last - it.kv_begin) / C::KV_TILE + 1);
+      if (C::FEATURES & kSlidingWindow) {  // tiles whose last key is before the group's first window
+        const int32_t lo = first - p.variant.window_left - it.kv_begin;  // first visible key, item-relative
+        r.begin = lo <= 0 ? 0 : min(r.end, lo / C::KV_TILE);
+      }
+      if (r.begin >= r.end) r = {0, 0};
+      return r;
+    };
+    const Range mine = range_of(group_row0), other = range_of(64 - group_row0);
+    const int32_t t_begin = mine.begin, t_end = mine.end;
 
     float m[1][2], d[1][2], acc[1][kND][4];
     const float m_init = C::kCapShift ? SM::cap_shift(p) / SM::exp_scale(p) : -INFINITY;
@@ -239,17 +258,6 @@ struct PrefillWgmmaKernel {
       return smem_addr(smem + kLayout.stages + (tile % C::STAGES) * kLayout.stage_bytes);
     };
     auto parity = [](int32_t tile) { return uint32_t(tile / C::STAGES) & 1u; };
-    // The tiles this warpgroup computes: one range [t_begin, t_end) (its causal mask hides the
-    // tiles after it entirely, its window the tiles before it). The others are still waited for
-    // and released, which keeps the barriers' phases. Uniform per warpgroup.
-    int32_t t_begin = 0, t_end = group_active ? n_tiles : 0;
-    if (C::FEATURES & kCausal)  // tiles whose first key is past the group's last query
-      t_end = group_last < it.kv_begin ? 0 : min(t_end, (group_last - it.kv_begin) / C::KV_TILE + 1);
-    if (C::FEATURES & kSlidingWindow) {  // tiles whose last key is before the group's first window
-      const int32_t lo = group_first - p.variant.window_left - it.kv_begin;  // first visible key, item-relative
-      t_begin = lo <= 0 ? 0 : min(t_end, lo / C::KV_TILE);
-    }
-    if (t_begin >= t_end) t_begin = t_end = 0;
     // S = Q K^T of a tile, issued (not waited for).
     auto issue_qk = [&](float (&s_flat)[kNT * 4], int32_t tile) {
       const uint32_t k_tile = stage_addr(tile);
@@ -295,6 +303,30 @@ struct PrefillWgmmaKernel {
       if (lane == 0) mbar_arrive(bar);
     };
 
+    // Ping-pong (FA3's warpgroup schedule): the two warpgroups take turns to issue their MMAs
+    // (named barriers 3 and 4: a warpgroup's turn begins when the other has issued), so that one
+    // warpgroup's softmax runs while the other's MMAs keep the tensor cores busy. Turn j issues
+    // tile j's Q K^T and tile j-1's P V (turn `end` the last P V alone); both warpgroups take one
+    // turn for every j of the union of their ranges, issuing nothing where they compute nothing,
+    // so that the turns alternate strictly. The first warpgroup goes first.
+    const int me = group_row0 / 64;
+    const bool i_compute = t_begin < t_end, other_computes = other.begin < other.end;
+    const int32_t turns_begin = other_computes ? (i_compute ? min(t_begin, other.begin) : other.begin) : t_begin;
+    // Turns turns_begin .. max(ends) inclusive (the last one issues the last P V).
+    const int32_t n_turns = i_compute || other_computes ? max(t_end, other.end) + 1 - turns_begin : 0;
+    int32_t turns_taken = 0;
+    auto turn_begin = [&] { named_barrier_sync(kTurnBarrier + me, 256); };
+    auto turn_end = [&] {  // the second warpgroup's last turn hands over to no one
+      if (me == 0 || ++turns_taken < n_turns) named_barrier_arrive(kTurnBarrier + (1 - me), 256);
+    };
+    auto idle_turn = [&](int32_t j) {
+      if (j >= turns_begin && j < turns_begin + n_turns) {
+        turn_begin();
+        turn_end();
+      }
+    };
+    if (me == 1 && n_turns > 0) named_barrier_arrive(kTurnBarrier, 256);  // the first warpgroup's first turn
+
     // Waits for a stage's K (and the previous tile's V) and releases them, computing nothing:
     // every stage is waited for before it is released, computed or not (a release ahead of its
     // fill could complete the other warpgroup's phase of the stage's previous round).
@@ -316,12 +348,17 @@ struct PrefillWgmmaKernel {
     uint32_t pp[kNT][2];  // the previous tile's P in the MMA type: the A fragments of its P V
     float rescale[1][2];
     mbar_wait_parity(bars.q_full(), 0);
-    for (int32_t tile = 0; tile < t_begin; ++tile) pass_over(tile);
+    for (int32_t tile = 0; tile < t_begin; ++tile) {
+      pass_over(tile);
+      idle_turn(tile);
+    }
     if (t_begin < t_end) {
       mbar_wait_parity(bars.k_full(t_begin % C::STAGES), parity(t_begin));
       fence_proxy_async_smem();
+      turn_begin();
       wgmma_fence();
       issue_qk(s_flat, t_begin);
+      turn_end();
       wgmma_wait<0>(s_flat);
       release(bars.k_empty(t_begin % C::STAGES));
       if (t_begin > 0) {
@@ -336,9 +373,11 @@ struct PrefillWgmmaKernel {
       mbar_wait_parity(bars.k_full(s), parity(tile));
       mbar_wait_parity(bars.v_full(s_prev), parity(tile - 1));
       fence_proxy_async_smem();
+      turn_begin();
       wgmma_fence();
       issue_qk(s_flat, tile);
       issue_pv(pp, tile - 1);
+      turn_end();
       wgmma_wait<1>(s_flat);
       release(bars.k_empty(s));
       const bool moved = weigh(sc, tile, rescale);
@@ -351,12 +390,17 @@ struct PrefillWgmmaKernel {
       const int s = (t_end - 1) % C::STAGES;
       mbar_wait_parity(bars.v_full(s), parity(t_end - 1));
       fence_proxy_async_smem();
+      turn_begin();
       wgmma_fence();
       issue_pv(pp, t_end - 1);
+      turn_end();
       wgmma_wait<0>(acc_flat);
       release(bars.v_empty(s));
     }
+    // The tiles after the range (all of them for a warpgroup that computes nothing, which takes
+    // its turns in tile order too: taking them ahead of its releases would stall the producer).
     for (int32_t tile = t_end; tile < n_tiles; ++tile) {
+      if (i_compute) idle_turn(tile + 1);  // turn t_end was the last P V
       mbar_wait_parity(bars.k_full(tile % C::STAGES), parity(tile));
       release(bars.k_empty(tile % C::STAGES));
       // The previous tile's V: released above when it was computed (t_end - 1).
@@ -364,7 +408,9 @@ struct PrefillWgmmaKernel {
         mbar_wait_parity(bars.v_full((tile - 1) % C::STAGES), parity(tile - 1));
         release(bars.v_empty((tile - 1) % C::STAGES));
       }
+      if (!i_compute) idle_turn(tile);
     }
+    if (!i_compute) idle_turn(n_tiles);
     if (n_tiles > 0 && !(t_begin < t_end && t_end == n_tiles)) {  // the last tile's V, if not computed
       mbar_wait_parity(bars.v_full((n_tiles - 1) % C::STAGES), parity(n_tiles - 1));
       release(bars.v_empty((n_tiles - 1) % C::STAGES));
