@@ -428,9 +428,15 @@ TEST(PrefillConfig, DeviceIdKernelsAreTwinsOfThePagedOnes) {
 
 // Overrides::prefill_long_shape (KVATTN_PREFILL_VARIANT) picks the long shape; each test starts
 // from no prefill overrides and sets its own (restored after).
+// The mma.sync tier's long shapes and tunings (on sm_90a the Hopper tier takes these problems by
+// default, so the fixture keeps the mma.sync tier).
 class PrefillVariantEnv : public ::testing::Test {
  protected:
-  void SetUp() override { put({}); }
+  void SetUp() override {
+    kvattn::detail::Overrides o;
+    o.prefill_tier = kvattn::detail::PrefillTier::mma_sync;
+    put(o);
+  }
   void TearDown() override { scope_.reset(); }
   // Sets one variable as the environment would (nullptr: unset), keeping the others.
   void put(const char* name, const char* value) {
@@ -581,7 +587,8 @@ TEST_F(PrefillVariantEnv, SoftCapShiftWhereItsRangeFits) {
     return prefill_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 1, false, 0, kCausal | kSoftCap, 16384,
                           h200(), false, 30.0f, o).name();
   };
-  EXPECT_EQ(name({}), "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_tanh-approx_shift-swizzle-unroll-packp-lean-wholetile-quarters");
+  EXPECT_EQ(name(kvattn::detail::active_overrides()),  // the fixture's mma.sync tier
+            "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_tanh-approx_shift-swizzle-unroll-packp-lean-wholetile-quarters");
   EXPECT_EQ(name(tanh_forced(kvattn::detail::TanhForm::exact)),
             "prefill_bf16_hd128_g1_w4x2_k64_s2_b2_ragged_f5_shift-swizzle-unroll-packp-lean-wholetile-halves");
   // The long shape's tuning with the shift (measured on the H200 at 7bc9489): the other four
