@@ -185,7 +185,9 @@ const std::vector<Entry>& entries() {
        [](Overrides& o) { o.prefill_tanh.reset(); }},
       {{"KVATTN_PREFILL_TIER", "mma_sync|wgmma",
         "the prefill kernel tier where both apply (default: wgmma on sm_90a, cuda::choose_prefill)"},
-       [](std::string_view var, std::string_view v, Overrides& o) { o.prefill_tier = parse_enum(var, v, kPrefillTiers); },
+       [](std::string_view var, std::string_view v, Overrides& o) {
+         o.prefill_tier = parse_enum(var, v, kPrefillTiers);
+       },
        [](Overrides& o) { o.prefill_tier.reset(); }},
       {{"KVATTN_PREFILL_TUNING", "none | lazy|shift,swizzle,unroll,packp,lean,wholetile,halves|quarters",
         "the prefill kernels' code-generation choices (kernels/prefill/smem_layout.cuh)"},

@@ -166,7 +166,9 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
                  int page_size = 16) {
-    add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, o); });
+    add_prefill(out, ov, [&](const detail::Overrides& o) {
+      return prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, o);
+    });
   };
   for (DType t : {DType::bf16, DType::f16})
     for (int hd : {64, 128, 256})
@@ -177,9 +179,10 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
   add(DType::bf16, DType::bf16, 128, 128, 4, false, 0, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kSoftCap, 4096);
   // The long soft-cap kernel's exact-tanh form too (KVATTN_PREFILL_TANH=exact), so CI compiles both.
-  add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                      kernels::kCausal | kernels::kSoftCap, 4096,
-                                      with_tanh(o, detail::TanhForm::exact)); });
+  add_prefill(out, ov, [&](const detail::Overrides& o) {
+    return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal | kernels::kSoftCap, 4096,
+                       with_tanh(o, detail::TanhForm::exact));
+  });
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kSlidingWindow, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kAlibi, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCustomMask, 4096);
@@ -195,7 +198,9 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
 std::vector<RegisteredKernel> prefill_bench_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](int hd, bool paged, int page_size, uint32_t features) {
-    add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, hd, hd, 1, paged, page_size, features, 16384, o); });
+    add_prefill(out, ov, [&](const detail::Overrides& o) {
+      return prefill_for(DType::bf16, DType::bf16, hd, hd, 1, paged, page_size, features, 16384, o);
+    });
   };
   for (int hd : {64, 128, 256})
     for (uint32_t features : {0u, uint32_t(kernels::kCausal)}) add(hd, false, 16, features);
@@ -204,13 +209,18 @@ std::vector<RegisteredKernel> prefill_bench_kernels(const detail::Overrides& ov)
   // Soft-cap in both tanh forms (tanh.approx is the long shape's default; KVATTN_PREFILL_TANH=exact).
   for (detail::TanhForm tanh : {detail::TanhForm::approx, detail::TanhForm::exact}) {
     for (int hd : {128, 64, 256})
-      add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, hd, hd, 1, false, 16,
-                                          kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(o, tanh)); });
-    add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16,
-                                        kernels::kCausal | kernels::kSoftCap, 16384, with_tanh(o, tanh)); });
+      add_prefill(out, ov, [&](const detail::Overrides& o) {
+        return prefill_for(DType::bf16, DType::bf16, hd, hd, 1, false, 16, kernels::kCausal | kernels::kSoftCap, 16384,
+                           with_tanh(o, tanh));
+      });
+    add_prefill(out, ov, [&](const detail::Overrides& o) {
+      return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal | kernels::kSoftCap, 16384,
+                         with_tanh(o, tanh));
+    });
   }
-  add_prefill(out, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal, 16384, o,
-                                      false, 0.0f); });
+  add_prefill(out, ov, [&](const detail::Overrides& o) {
+    return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal, 16384, o, false, 0.0f);
+  });
   return out;
 }
 
@@ -245,8 +255,9 @@ std::vector<Preset> build(const detail::Overrides& ov) {
   // before sm_90 for groups 4-16; KVATTN_DECODE_KERNEL=prefill and `bench decode --via-prefill`).
   for (int group : {4, 8})
     for (bool uniform : {false, true})
-      add_prefill(decode, ov, [&](const detail::Overrides& o) { return prefill_for(DType::bf16, DType::bf16, 128, 128, group, true, 16, 0, 1, o, uniform,
-                                             0.0f); });
+      add_prefill(decode, ov, [&](const detail::Overrides& o) {
+        return prefill_for(DType::bf16, DType::bf16, 128, 128, group, true, 16, 0, 1, o, uniform, 0.0f);
+      });
   p.push_back({"decode", "paged batch decode: bf16/f16/fp8 KV, head dims 64-256, groups 1/4/8", decode});
   p.push_back({"prefill", "batch prefill/append: ragged and paged, head dims 64-256, variants, fp8 KV", prefill});
   p.push_back({"bench-prefill", "what `kvattn bench prefill` adds: MHA (group 1), pages of 1 and 16, soft-cap",

@@ -184,8 +184,10 @@ bool choose_wgmma(PrefillKernelConfig& c, const DeviceLimits& limits, const deta
   w.fast_tanh = soft_capped && ov.prefill_tanh != detail::TanhForm::exact;
   // Of the tuning only the softmax form and the whole-tile transform apply: the rest is cleared so
   // that the name says what the kernel does.
-  const PrefillTuning tuning = ov.prefill_tuning.value_or(
-      PrefillTuning{SoftmaxForm::lazy_rescale, false, false, false, false, (c.features & kAlibi) != 0, TileSplit::whole});
+  PrefillTuning lazy;
+  lazy.softmax = SoftmaxForm::lazy_rescale;
+  lazy.whole_tile_transform = (c.features & kAlibi) != 0;
+  const PrefillTuning tuning = ov.prefill_tuning.value_or(lazy);
   w.tuning = PrefillTuning{};
   w.tuning.softmax = tuning.softmax;
   w.tuning.whole_tile_transform = tuning.whole_tile_transform;

@@ -64,6 +64,34 @@ kvattn::AttentionShape shape_of(const AttnCase& c) {
 
 namespace {
 
+#if KVATTN_WITH_CUDA
+// Runs `run` `runs` times on one plan. Every run must write every row again (the outputs are
+// re-poisoned before each) and the same bytes: the last run lands in out / lse (checked against
+// the reference by the caller), the earlier ones are compared with it here.
+template <class Run>
+void run_repeatedly(int runs, DeviceMirror& dout, DeviceMirror& dlse, HostTensor& out, HostTensor& lse, Run&& run) {
+  std::vector<HostTensor> earlier_out, earlier_lse;
+  for (int i = 0; i < runs; ++i) {
+    dout.upload();
+    dlse.upload();
+    run();
+    device_synchronize();
+    if (i + 1 < runs) {
+      earlier_out.push_back(out);
+      dout.copy_back(earlier_out.back());
+      earlier_lse.push_back(lse);
+      dlse.copy_back(earlier_lse.back());
+    }
+  }
+  dout.copy_back(out);
+  dlse.copy_back(lse);
+  for (size_t i = 0; i < earlier_out.size(); ++i) {
+    EXPECT_TRUE(earlier_out[i].same_bytes(out.snapshot())) << "out of run " << i << " of " << runs << " differs from the last";
+    EXPECT_TRUE(earlier_lse[i].same_bytes(lse.snapshot())) << "lse of run " << i << " of " << runs << " differs from the last";
+  }
+}
+#endif
+
 HostTensor make_tensor(DType t, std::vector<int64_t> shape, bool strided) {
   HostTensor x = strided ? HostTensor::strided(t, std::move(shape)) : HostTensor(t, std::move(shape));
   x.poison();
@@ -212,28 +240,10 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
                             c.expect_error);
         return;
       }
-      // Every run must write every row again (the outputs are re-poisoned before each), and the
-      // same bytes: the last run is checked against the reference below, the others against it.
-      std::vector<HostTensor> earlier_out, earlier_lse;
-      for (int i = 0; i < c.runs; ++i) {
-        dout.upload();
-        dlse.upload();
+      run_repeatedly(c.runs, dout, dlse, out, lse, [&] {
         op.run(dq.view(), cache, dout.view(), want_lse ? dlse.view() : kvattn::TensorView{});
         op.check_errors();  // a clean run reports nothing
-        device_synchronize();
-        if (i + 1 < c.runs) {
-          earlier_out.push_back(out);
-          dout.copy_back(earlier_out.back());
-          earlier_lse.push_back(lse);
-          dlse.copy_back(earlier_lse.back());
-        }
-      }
-      dout.copy_back(out);
-      dlse.copy_back(lse);
-      for (size_t i = 0; i < earlier_out.size(); ++i) {
-        EXPECT_TRUE(earlier_out[i].same_bytes(out.snapshot())) << "out of run " << i << " of " << c.runs << " differs from the last";
-        EXPECT_TRUE(earlier_lse[i].same_bytes(lse.snapshot())) << "lse of run " << i << " of " << c.runs << " differs from the last";
-      }
+      });
 #else
       FAIL() << "on_gpu case in a build without the CUDA backend";
 #endif
@@ -290,27 +300,10 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
         EXPECT_KVATTN_ERROR(run(), c.expect_error);
         return;
       }
-      // As decode: every run re-poisoned, every run's bytes those of the last (deterministic).
-      std::vector<HostTensor> earlier_out, earlier_lse;
-      for (int i = 0; i < c.runs; ++i) {
-        dout.upload();
-        dlse.upload();
+      run_repeatedly(c.runs, dout, dlse, out, lse, [&] {
         run();
         op.check_errors();  // a clean run reports nothing
-        device_synchronize();
-        if (i + 1 < c.runs) {
-          earlier_out.push_back(out);
-          dout.copy_back(earlier_out.back());
-          earlier_lse.push_back(lse);
-          dlse.copy_back(earlier_lse.back());
-        }
-      }
-      dout.copy_back(out);
-      dlse.copy_back(lse);
-      for (size_t i = 0; i < earlier_out.size(); ++i) {
-        EXPECT_TRUE(earlier_out[i].same_bytes(out.snapshot())) << "out of run " << i << " of " << c.runs << " differs from the last";
-        EXPECT_TRUE(earlier_lse[i].same_bytes(lse.snapshot())) << "lse of run " << i << " of " << c.runs << " differs from the last";
-      }
+      });
 #else
       FAIL() << "on_gpu case in a build without the CUDA backend";
 #endif
