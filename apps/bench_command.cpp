@@ -236,6 +236,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
           {"plan_host_table_us", plan_host_table_us}, {"plan_host_table_p90_us", plan_host_table.p90_us},
           {"l2_copies", copies}, {"workers", timed_plan ? timed_plan->num_workers() : 0},
           {"kernels", via_prefill ? "prefill" : std::string(decode.kernel_family())},
+          {"kernel", via_prefill ? prefill.kernel_name() : decode.kernel_name()},
           {"page_ids", o.host_table ? "host" : "device"},
           {"items", timed_plan ? timed_plan->num_items() : 0},
           {"merges", timed_plan ? timed_plan->num_merges() : 0}};

@@ -224,7 +224,7 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, bool devic
           {"batch", B}, {"q_tokens", nq}, {"kv_tokens", nkv}, {"qo_lens", c.qo_lens}, {"kv_lens", c.kv_lens},
           {"visible_pairs", c.visible_pairs()},
           {"ms", med}, {"TFLOPs", tflops}, {"pct_of_782", 100.0 * tflops / peak_tflops},
-          {"plan_us", plan_us[plan_us.size() / 2]}};
+          {"plan_us", plan_us[plan_us.size() / 2]}, {"kernel", prefill.kernel_name()}};
   if (io) {  // one more run, with lse, into a poisoned out (0xffff: NaN); then export everything
     DeviceBytes lse(size_t(nq) * c.num_qo_heads * 4);
     cuda_ok(cudaMemset(out.ptr, 0xff, q_bytes), "cudaMemset");
@@ -272,14 +272,15 @@ void bench_prefill(const PrefillBenchOptions& o) {
     io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench prefill", o.save_io_kv_mb << 20);
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json)
-    std::printf("%-34s %6s %4s %10s %9s %8s %9s\n", "prefill (bf16)", "heads", "hd", "time", "TFLOP/s", "% 782",
-                "plan");
+    std::printf("%-34s %6s %4s %10s %9s %8s %9s  %s\n", "prefill (bf16)", "heads", "hd", "time", "TFLOP/s", "% 782",
+                "plan", "kernel");
   for (const auto& c : cases) {
     auto row = run_prefill_case(c, o.iters, o.device_table, 782.0, io.get());
     if (!o.json)
-      std::printf("%-34s %6s %4d %7.3f ms %9.1f %7.1f%% %6.1f us\n", c.name.c_str(),
+      std::printf("%-34s %6s %4d %7.3f ms %9.1f %7.1f%% %6.1f us  %s\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), c.head_dim, row["ms"].get<double>(),
-                  row["TFLOPs"].get<double>(), row["pct_of_782"].get<double>(), row["plan_us"].get<double>());
+                  row["TFLOPs"].get<double>(), row["pct_of_782"].get<double>(), row["plan_us"].get<double>(),
+                  row["kernel"].get<std::string>().c_str());
     std::fflush(stdout);
     rows.push_back(row);
   }

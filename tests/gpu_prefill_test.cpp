@@ -503,6 +503,37 @@ TEST(GpuPrefill, HopperTierAgainstTheReference) {
 #endif
 }
 
+// BatchPrefill::kernel_name() names the kernel plan() chose: the Hopper tier for a long run on an
+// sm_90a device (the mma.sync tier with KVATTN_PREFILL_TIER=mma_sync, and for a short run).
+TEST(GpuPrefill, KernelNameNamesTheTier) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  const bool hopper = kvattn::cuda::limits_of(kvattn::cuda::device_info(0)).has_wgmma();
+  DeviceBytes ws(int64_t(16) << 20);
+  kvattn::BatchPrefill op(ws.view());
+  EXPECT_EQ(op.kernel_name(), "");
+  auto plan_for = [&](int32_t qo) {
+    HostTensor tq = int32_tensor({0, qo}), tk = int32_tensor({0, 1024});
+    kvattn::BatchPrefillPlan p;
+    p.num_qo_heads = 8;
+    p.num_kv_heads = 8;
+    p.head_dim_qk = 128;
+    p.q_dtype = DType::bf16;
+    p.variant = kvattn::variants::causal();
+    p.qo_indptr = tq.view();
+    p.kv_indptr = tk.view();
+    op.plan(p);
+    return op.kernel_name();
+  };
+  const std::string long_run = plan_for(512), short_run = plan_for(8);
+  EXPECT_EQ(long_run.rfind(hopper ? "prefill_wgmma_bf16_hd128" : "prefill_bf16_hd128", 0), 0u) << long_run;
+  EXPECT_EQ(short_run.rfind("prefill_bf16_hd128", 0), 0u) << short_run;
+  ScopedOverride mma("KVATTN_PREFILL_TIER", "mma_sync");
+  const std::string forced = plan_for(512);
+  EXPECT_EQ(forced.rfind("prefill_bf16_hd128", 0), 0u) << forced;
+#endif
+}
+
 TEST(GpuPrefill, UnsupportedShapesAreErrors) {
   SKIP_WITHOUT_GPU();
 #if KVATTN_WITH_CUDA

@@ -77,6 +77,30 @@ TEST(ValidationPlan, KernelFamilyOnTheCpu) {
   EXPECT_EQ(op.kernel_family(), "cpu");
 }
 
+// kernel_name(): likewise, on BatchDecode and BatchPrefill (GPU names: GpuPrefill.KernelNameNamesTheTier).
+TEST(ValidationPlan, KernelNameOnTheCpu) {
+  DecodeSetup d;
+  kvattn::BatchDecode decode;
+  EXPECT_EQ(decode.kernel_name(), "");
+  decode.plan(d.plan());
+  EXPECT_EQ(decode.kernel_name(), "cpu");
+  auto bad = d.plan();
+  bad.num_kv_heads = 0;
+  EXPECT_KVATTN_ERROR(decode.plan(bad), "num_kv_heads = 0 must be >= 1");
+  EXPECT_EQ(decode.kernel_name(), "cpu");
+  HostTensor qo = int32_tensor({0, 3}), kv = int32_tensor({0, 5});
+  kvattn::BatchPrefillPlan p;
+  p.num_qo_heads = 4;
+  p.num_kv_heads = 1;
+  p.head_dim_qk = 64;
+  p.qo_indptr = qo.view();
+  p.kv_indptr = kv.view();
+  kvattn::BatchPrefill prefill;
+  EXPECT_EQ(prefill.kernel_name(), "");
+  prefill.plan(p);
+  EXPECT_EQ(prefill.kernel_name(), "cpu");
+}
+
 TEST(ValidationPlan, Variant) {
   DecodeSetup d;
   kvattn::BatchDecode op;

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "kvattn/dtype.h"
@@ -106,6 +107,9 @@ class BatchDecode {
   // docs/DESIGN.md, "Decode kernels"), "cascade" (a shared-prefix cascade, see cascade()), or
   // "cpu"; empty before plan().
   std::string_view kernel_family() const;
+  // The GPU kernel the last plan() chose, by its JIT name (e.g. "decode_mma_bf16_hd128_..."), or
+  // "cpu", or "cascade"; empty before plan(). Names spell every choice that specialises a kernel.
+  std::string kernel_name() const;
 
   // The cascade the last plan() chose for shared prefixes (SharedPrefix), or null when it decodes
   // flat: its levels (the shared prefixes, one group per run of requests, then each request's own
@@ -161,6 +165,11 @@ class BatchPrefill {
   // The schedule run() executes (include/kvattn/plan.h): work items, workers, merge table. For
   // inspection and tests; null before plan().
   const Plan* schedule() const;
+
+  // The GPU kernel the last plan() chose, by its JIT name: "prefill_wgmma_..." for the Hopper tier
+  // (sm_90a), "prefill_..." for the mma.sync tier (docs/DESIGN.md); "cpu" on the CPU backend;
+  // empty before plan().
+  std::string kernel_name() const;
 
  private:
   TensorView workspace_;

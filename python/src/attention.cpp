@@ -370,6 +370,8 @@ void bind_attention(nb::module_& m) {
            "The Plan run() executes (a snapshot), or None before plan().")
       .def("kernel_family", [](const PyBatchDecode& self) { return std::string(self.impl.kernel_family()); },
            "'decode', 'prefill' (the GPU kernels the last plan chose), 'cpu', or '' before plan().")
+      .def("kernel_name", [](const PyBatchDecode& self) { return self.impl.kernel_name(); },
+           "The GPU kernel the last plan chose, by its JIT name; 'cpu', 'cascade', or '' before plan().")
       .def_prop_ro("_last_native_ns", [](const PyBatchDecode& self) { return self.last_native_ns; },
                    "Nanoseconds the last plan()/run() spent in the C++ call itself.")
       .def_prop_ro("kv_layout", [](const PyBatchDecode& self) { return self.layout; })
@@ -462,6 +464,9 @@ void bind_attention(nb::module_& m) {
           nb::arg("stream") = nb::none(), "As BatchDecode.check_errors.")
       .def("schedule", [](const PyBatchPrefill& self) { return schedule_of(self); },
            "The Plan run() executes (a snapshot), or None before plan().")
+      .def("kernel_name", [](const PyBatchPrefill& self) { return self.impl.kernel_name(); },
+           "The GPU kernel the last plan chose, by its JIT name ('prefill_wgmma_...': the Hopper tier, "
+           "'prefill_...': the mma.sync tier); 'cpu', or '' before plan().")
       .def_prop_ro("_last_native_ns", [](const PyBatchPrefill& self) { return self.last_native_ns; })
       .def_prop_ro("kv_layout", [](const PyBatchPrefill& self) { return self.layout; })
       .def_prop_ro("workspace", [](const PyBatchPrefill& self) { return self.workspace_obj; });

@@ -62,7 +62,7 @@ def test_decode_page_sizes_and_empty_requests(rng, page_size):
     # A request without pages sees nothing: o = 0 and lse = -inf.
     dec = decode_case(rng, kv_lens=[0, 7, 0, 33], hq=4, hkv=2, dqk=32, page_size=page_size,
                       q_dtype="f32")
-    assert dec.kernel_family() == "cpu"
+    assert dec.kernel_family() == "cpu" and dec.kernel_name() == "cpu"
 
 
 def test_decode_combined_5d_cache_and_dvo(rng):
@@ -138,7 +138,7 @@ def test_decode_preallocated_outputs_and_strided_q(rng):
 
 def test_decode_replan_and_schedule(rng):
     dec = kvattn.BatchDecode()
-    assert dec.schedule() is None and dec.kernel_family() == ""
+    assert dec.schedule() is None and dec.kernel_family() == "" and dec.kernel_name() == ""
     lens = [300, 5, 77, 1]
     indptr, indices, last, num_pages = page_table(rng, lens, 16)
     dec.plan(page_table=(indptr, indices, last), page_size=16, num_qo_heads=8, num_kv_heads=2,

@@ -46,6 +46,13 @@ def test_ragged(rng, dtype, causal, hq, hkv):
                 dtype=dtype, variant=kvattn.Variant(causal=causal), var=var)
 
 
+def test_kernel_name_on_the_cpu(rng):
+    # '' before plan(), 'cpu' after a CPU plan (GPU names: the C++ GpuPrefill.KernelNameNamesTheTier).
+    assert kvattn.BatchPrefill().kernel_name() == ""
+    pre = ragged_case(rng, qo_lens=[3], kv_lens=[5], hq=2, hkv=2, dqk=32, dtype="f32")
+    assert pre.kernel_name() == "cpu"
+
+
 def test_ragged_head_dims_differ_and_output_dtype(rng):
     ragged_case(rng, qo_lens=[5, 9], kv_lens=[12, 9], hq=4, hkv=2, dqk=64, dvo=32, dtype="f16",
                 o_dtype="f32", variant=kvattn.variants.causal(), var=ref.Var(causal=True))

@@ -451,6 +451,18 @@ std::string_view BatchDecode::kernel_family() const {
   return plan_->gpu->kernels() == detail::GpuKernels::prefill ? "prefill" : "decode";
 }
 
+namespace {
+std::string kernel_name_of(const std::unique_ptr<detail::AttentionPlan>& plan) {
+  if (!plan) return {};
+  return plan->gpu ? plan->gpu->kernel_name() : "cpu";
+}
+}  // namespace
+
+std::string BatchDecode::kernel_name() const {
+  if (cascade_active_ && plan_) return "cascade";
+  return kernel_name_of(plan_);
+}
+
 void BatchDecode::check_errors(void* stream) const {
   if (cascade_active_ && plan_) return cascade_->check_errors(stream);
   check_errors_of(plan_, "BatchDecode", stream);
@@ -521,6 +533,8 @@ void BatchPrefill::run(const TensorView& q, const TensorView& k, const TensorVie
 void BatchPrefill::check_errors(void* stream) const { check_errors_of(plan_, "BatchPrefill", stream); }
 
 const Plan* BatchPrefill::schedule() const { return schedule_of(plan_); }
+
+std::string BatchPrefill::kernel_name() const { return kernel_name_of(plan_); }
 
 // ---- BlockSparseAttention -----------------------------------------------------------------------
 BlockSparseAttention::BlockSparseAttention(TensorView workspace) : workspace_(workspace) {}

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "core/attention_plan.h"
@@ -41,6 +42,8 @@ class GpuPlan {
   virtual void check_errors(void* stream) const = 0;
   virtual const Plan& schedule() const = 0;
   virtual GpuKernels kernels() const = 0;
+  // The name of the attention kernel run() launches (its JIT spec's; the merge of split rows not named).
+  virtual std::string kernel_name() const = 0;
 };
 
 // BatchDecode's choice of kernels for `plan` on the workspace's device

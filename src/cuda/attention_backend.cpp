@@ -179,6 +179,9 @@ class CudaPlan final : public GpuPlan {
     return family == GpuKernels::decode ? decode->schedule() : prefill->schedule();
   }
   GpuKernels kernels() const override { return family; }
+  std::string kernel_name() const override {
+    return family == GpuKernels::decode ? decode->config().name() : prefill->config().name();
+  }
 };
 
 }  // namespace
