@@ -64,30 +64,21 @@ TEST(ValidationPlan, Shape) {
   expect([](S& s) { s.o_dtype = DType::e5m2; }, "o_dtype = e5m2 is not supported (f32, f16 or bf16)");
 }
 
-// kernel_family(): empty before plan(), "cpu" for a CPU plan; a failed plan keeps the last one's.
-TEST(ValidationPlan, KernelFamilyOnTheCpu) {
+// kernel_family() and kernel_name(): empty before plan(), "cpu" for a CPU plan; a failed plan keeps
+// the last one's (GPU names: GpuPrefill.KernelNameNamesTheTier).
+TEST(ValidationPlan, KernelFamilyAndNameOnTheCpu) {
   DecodeSetup d;
   kvattn::BatchDecode op;
   EXPECT_EQ(op.kernel_family(), "");
+  EXPECT_EQ(op.kernel_name(), "");
   op.plan(d.plan());
   EXPECT_EQ(op.kernel_family(), "cpu");
+  EXPECT_EQ(op.kernel_name(), "cpu");
   auto bad = d.plan();
   bad.num_kv_heads = 0;
   EXPECT_KVATTN_ERROR(op.plan(bad), "num_kv_heads = 0 must be >= 1");
   EXPECT_EQ(op.kernel_family(), "cpu");
-}
-
-// kernel_name(): likewise, on BatchDecode and BatchPrefill (GPU names: GpuPrefill.KernelNameNamesTheTier).
-TEST(ValidationPlan, KernelNameOnTheCpu) {
-  DecodeSetup d;
-  kvattn::BatchDecode decode;
-  EXPECT_EQ(decode.kernel_name(), "");
-  decode.plan(d.plan());
-  EXPECT_EQ(decode.kernel_name(), "cpu");
-  auto bad = d.plan();
-  bad.num_kv_heads = 0;
-  EXPECT_KVATTN_ERROR(decode.plan(bad), "num_kv_heads = 0 must be >= 1");
-  EXPECT_EQ(decode.kernel_name(), "cpu");
+  EXPECT_EQ(op.kernel_name(), "cpu");
   HostTensor qo = int32_tensor({0, 3}), kv = int32_tensor({0, 5});
   kvattn::BatchPrefillPlan p;
   p.num_qo_heads = 4;
