@@ -12,6 +12,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -40,7 +41,7 @@ struct DecodeBenchCase {
 
   std::string heads() const { return std::to_string(num_qo_heads) + "/" + std::to_string(num_kv_heads); }
   int64_t kv_tokens() const { return std::accumulate(lens.begin(), lens.end(), int64_t(0)); }
-  double kv_gb() const { return double(kv_tokens()) * 2 * num_kv_heads * 128 * 2 / 1e9; }
+  double kv_gb() const { return double(kv_tokens()) * 2 * num_kv_heads * 128 * 2 / 1e9; }  // as bf16
   bool too_big() const { return kv_gb() > 40; }  // 256 x 32k with 32 KV heads is 137 GB: more than the card holds
 };
 
@@ -67,6 +68,10 @@ std::vector<DecodeBenchCase> decode_cases(bool quick) {
   cases.push_back({id(64, int(total / 64), 32, 8), "64 x " + std::to_string(total / 64) + " (same total)", 32, 8,
                    std::vector<int32_t>(64, int32_t(total / 64))});
   cases.push_back({"b64_l4096_p1_h32-8", "64 x 4096, page 1", 32, 8, std::vector<int32_t>(64, 4096), 1});
+  // MQA and large GQA groups (one KV head read for 32 or 64 query heads).
+  if (!quick)
+    for (auto [hq, hkv] : {std::pair{32, 1}, std::pair{64, 1}, std::pair{64, 8}})
+      cases.push_back({id(64, 4096, hq, hkv), "64 x 4096", hq, hkv, std::vector<int32_t>(64, 4096)});
   return cases;
 }
 
@@ -83,6 +88,7 @@ struct DecodeBenchOptions {
   int split_size = 0;        // SchedulerOptions::fixed_split_size; 0: the planner decides
   bool hnd = false;          // read the cache as HND ([page, head, token, dim]) instead of NHD
   std::vector<int32_t> kv_lens;  // --kv-lens: one more case, "custom_h32-8", of these lengths
+  kvattn::DType kv_dtype = kvattn::DType::bf16;  // --kv-dtype: bf16, or fp8 (e4m3/e5m2) with k/v scales
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
@@ -139,16 +145,22 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   std::shuffle(indices.begin(), indices.end(), std::mt19937(1));
   const int64_t tokens = std::accumulate(c.lens.begin(), c.lens.end(), int64_t(0));
   const size_t cache_elems = size_t(pages) * P * c.num_kv_heads * D;
-  const double kv_bytes = double(tokens) * 2 * c.num_kv_heads * D * 2;
+  const DType kv_dtype = o.kv_dtype;
+  const size_t kv_es = kvattn::dtype_size(kv_dtype);
+  const double kv_bytes = double(tokens) * 2 * c.num_kv_heads * D * double(kv_es);
   // Enough copies of the cache that one run's data has left the 60 MB L2 before it is read again.
-  const int copies = int(std::clamp<double>(std::ceil(256e6 / (2.0 * cache_elems * 2)), 1, 8));
-  DeviceBuffer<uint16_t> kv(2 * cache_elems * size_t(copies));
+  const int copies = int(std::clamp<double>(std::ceil(256e6 / (2.0 * cache_elems * kv_es)), 1, 8));
+  DeviceBuffer<char> kv(2 * cache_elems * kv_es * size_t(copies));
   DeviceBuffer<uint16_t> q(size_t(B) * c.num_qo_heads * D), out(size_t(B) * c.num_qo_heads * D);
   {
     // The generator's values (apps/bench_io.h), the same in every copy. (Before 370aabc the
     // timed runs used a constant fill: every score equal, no softmax maximum ever moving.)
     kvattn_cli::upload_bench_values(q.ptr, size_t(B) * c.num_qo_heads * D, kvattn_cli::kSeedQ, kvattn_cli::kScaleQ);
-    kvattn_cli::upload_bench_kv(kv.ptr, cache_elems, copies, io != nullptr);
+    if (kv_es == 2)
+      kvattn_cli::upload_bench_kv(reinterpret_cast<uint16_t*>(kv.ptr), cache_elems, copies, io != nullptr);
+    else
+      kvattn_cli::upload_bench_kv_fp8(reinterpret_cast<uint8_t*>(kv.ptr), cache_elems, copies,
+                                      kv_dtype == DType::e5m2);
   }
   const int64_t ws_bytes = int64_t(512) << 20;
   DeviceBuffer<char> ws(static_cast<size_t>(ws_bytes));
@@ -160,6 +172,9 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   plan.num_kv_heads = c.num_kv_heads;
   plan.head_dim_qk = D;
   plan.q_dtype = DType::bf16;
+  plan.kv_dtype = kv_dtype;
+  // fp8: the generator's values times 16 stored (bench_io.h, fill_bench_fp8), 1/16 back in the scales.
+  if (kv_es == 1) plan.variant = kvattn::Variant{}.with_scales(1.0f, kvattn_cli::kFp8KVScale, kvattn_cli::kFp8KVScale);
   plan.page_size = P;
   plan.scheduler.num_workers = o.workers;
   plan.scheduler.disable_split_kv = o.no_split;
@@ -168,14 +183,14 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
                      TensorView(indices.data(), DType::i32, {pages}),
                      TensorView(last.data(), DType::i32, {int64_t(B)})};
   auto cache_view = [&](int copy) {
-    uint16_t* base = kv.ptr + size_t(copy) * 2 * cache_elems;
+    char* base = kv.ptr + size_t(copy) * 2 * cache_elems * kv_es;
     auto dev = kvattn::Device::cuda(0);
     if (o.hnd)
-      return kvattn::PagedKVCache::split(TensorView(base, DType::bf16, {pages, c.num_kv_heads, P, D}, dev),
-                                         TensorView(base + cache_elems, DType::bf16, {pages, c.num_kv_heads, P, D}, dev),
+      return kvattn::PagedKVCache::split(TensorView(base, kv_dtype, {pages, c.num_kv_heads, P, D}, dev),
+                                         TensorView(base + cache_elems * kv_es, kv_dtype, {pages, c.num_kv_heads, P, D}, dev),
                                          kvattn::KVLayout::HND);
-    return kvattn::PagedKVCache::split(TensorView(base, DType::bf16, {pages, P, c.num_kv_heads, D}, dev),
-                                       TensorView(base + cache_elems, DType::bf16, {pages, P, c.num_kv_heads, D}, dev),
+    return kvattn::PagedKVCache::split(TensorView(base, kv_dtype, {pages, P, c.num_kv_heads, D}, dev),
+                                       TensorView(base + cache_elems * kv_es, kv_dtype, {pages, P, c.num_kv_heads, D}, dev),
                                        kvattn::KVLayout::NHD);
   };
   TensorView qv(q.ptr, DType::bf16, {B, c.num_qo_heads, D}, kvattn::Device::cuda(0));
@@ -231,6 +246,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   const kvattn::Plan* timed_plan = via_prefill ? prefill.schedule() : decode.schedule();  // what ran
   const double gbps = bytes / (med * 1e-3) / 1e9;
   nlohmann::json row = {{"op", "decode"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
+          {"kv_dtype", kvattn::dtype_name(kv_dtype)},
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us}, {"plan_p90_us", plan_times.p90_us},
           {"plan_host_table_us", plan_host_table_us}, {"plan_host_table_p90_us", plan_host_table.p90_us},
@@ -255,7 +271,8 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
                 {"lse_base", 2}, {"row", row}};
     e.batch = B, e.num_qo_heads = c.num_qo_heads, e.num_kv_heads = c.num_kv_heads, e.head_dim = D;
     e.num_pages = pages, e.page_size = P;
-    e.q = q.ptr, e.k_cache = kv.ptr, e.v_cache = kv.ptr + cache_elems, e.out = out.ptr, e.lse = lse.ptr;
+    e.q = q.ptr, e.k_cache = reinterpret_cast<uint16_t*>(kv.ptr), e.v_cache = reinterpret_cast<uint16_t*>(kv.ptr) + cache_elems;
+    e.out = out.ptr, e.lse = lse.ptr;
     e.indptr = &indptr, e.indices = &indices, e.last_page_len = &last;
     kvattn_cli::export_decode_case(*io, e);
   }
@@ -273,13 +290,17 @@ void bench_decode(const DecodeBenchOptions& o) {
     throw kvattn::Error("kvattn bench decode: --via-prefill and --save-io do not combine");
   if (o.hnd && !o.save_io.empty())
     throw kvattn::Error("kvattn bench decode: --hnd and --save-io do not combine (the export is NHD)");
+  if (o.kv_dtype != kvattn::DType::bf16 && !o.save_io.empty())
+    throw kvattn::Error("kvattn bench decode: --kv-dtype " + std::string(kvattn::dtype_name(o.kv_dtype)) +
+                        " and --save-io do not combine (the export is bf16)");
   std::unique_ptr<kvattn_cli::IoExport> io;
   if (!o.save_io.empty())
     io = std::make_unique<kvattn_cli::IoExport>(o.save_io, "kvattn bench decode", o.save_io_kv_mb << 20);
   nlohmann::json rows = nlohmann::json::array();
   if (!json)
-    std::printf("%-28s %6s %10s %10s %8s %9s %9s %10s\n", "decode (bf16, hd 128)", "heads", "time", "GB/s", "% 4.8T",
-                "plan", "plan p90", "plan(host)");
+    std::printf("%-28s %6s %10s %10s %8s %9s %9s %10s\n",
+                ("decode (" + std::string(kvattn::dtype_name(o.kv_dtype)) + " KV, hd 128)").c_str(), "heads", "time",
+                "GB/s", "% 4.8T", "plan", "plan p90", "plan(host)");
   for (const auto& c : cases) {
     if (c.too_big()) {
       if (!json) std::printf("%-28s %6s skipped: %.0f GB of KV\n", c.name.c_str(), c.heads().c_str(), c.kv_gb());
@@ -321,6 +342,9 @@ void register_bench_command(CLI::App& app) {
                    "time runs with the page ids given on the host (copied into the workspace by plan()); "
                    "by default they stay on the device, as serving frameworks keep them");
   decode->add_flag("--hnd", o.hnd, "read the paged cache as HND (page, head, token, dim) instead of NHD; not with --save-io");
+  decode->add_option("--kv-dtype", o.kv_dtype, "KV cache dtype: bf16, or e4m3/e5m2 (fp8 with k/v scales; GB/s count fp8 bytes); not with --save-io")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, kvattn::DType>{
+          {"bf16", kvattn::DType::bf16}, {"e4m3", kvattn::DType::e4m3}, {"e5m2", kvattn::DType::e5m2}}));
   decode->add_flag("--no-split", o.no_split, "planner: one chunk per (request, KV head), no split-KV");
   decode->add_option("--split-size", o.split_size, "planner: KV chunks of exactly this many tokens")
       ->check(CLI::Range(0, 1 << 30));

@@ -12,6 +12,7 @@
 
 #include "bench_common.h"
 #include "host_tensors.h"
+#include "kernels/common/convert.cuh"
 #include "kvattn/kvattn.h"
 
 #if KVATTN_WITH_CUDA
@@ -22,10 +23,10 @@
 
 namespace kvattn_cli {
 
-void fill_bench_bf16(uint16_t* dst, uint64_t first, uint64_t count, uint32_t seed, float scale) {
-  // The 256 possible values, as bf16 bits (exact: (u - 128) * scale with scale a power of two).
-  uint16_t table[256];
-  for (int u = 0; u < 256; ++u) table[u] = float_to_bf16(float(u - 128) * scale);
+namespace {
+// dst[j] = table[u of element first + j], on all hardware threads.
+template <class T>
+void fill_from_table(T* dst, uint64_t first, uint64_t count, uint32_t seed, const T (&table)[256]) {
   const uint64_t threads =
       std::clamp<uint64_t>(count / (uint64_t(1) << 20), 1, std::max(1u, std::thread::hardware_concurrency()));
   auto work = [&](uint64_t t) {
@@ -36,6 +37,23 @@ void fill_bench_bf16(uint16_t* dst, uint64_t first, uint64_t count, uint32_t see
   for (uint64_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
   work(0);
   for (auto& th : pool) th.join();
+}
+}  // namespace
+
+void fill_bench_bf16(uint16_t* dst, uint64_t first, uint64_t count, uint32_t seed, float scale) {
+  // The 256 possible values, as bf16 bits (exact: (u - 128) * scale with scale a power of two).
+  uint16_t table[256];
+  for (int u = 0; u < 256; ++u) table[u] = float_to_bf16(float(u - 128) * scale);
+  fill_from_table(dst, first, count, seed, table);
+}
+
+void fill_bench_fp8(uint8_t* dst, uint64_t first, uint64_t count, uint32_t seed, float scale, bool e5m2) {
+  uint8_t table[256];
+  for (int u = 0; u < 256; ++u) {
+    const uint32_t bits = kvattn::kernels::cvt::f32_bits(float(u - 128) * scale);
+    table[u] = e5m2 ? kvattn::kernels::cvt::f32_to_e5m2_bits(bits) : kvattn::kernels::cvt::f32_to_e4m3_bits(bits);
+  }
+  fill_from_table(dst, first, count, seed, table);
 }
 
 void write_npy(const std::string& path, const char* descr, const std::vector<int64_t>& shape,
@@ -151,6 +169,23 @@ void upload_bench_kv(uint16_t* kv, size_t cache_elems, int copies, bool whole) {
     }
   for (int i = 1; i < copies; ++i)
     cuda_ok(cudaMemcpy(kv + size_t(i) * 2 * cache_elems, kv, 2 * cache_elems * 2, cudaMemcpyDeviceToDevice),
+            "cudaMemcpy (cache copies)");
+}
+
+void upload_bench_kv_fp8(uint8_t* kv, size_t cache_elems, int copies, bool e5m2) {
+  const size_t generated = std::min(cache_elems, size_t(1) << 25);
+  std::vector<uint8_t> host(generated);
+  for (uint8_t* cache : {kv, kv + cache_elems}) {
+    fill_bench_fp8(host.data(), 0, generated, cache == kv ? kSeedK : kSeedV, kScaleKV / kFp8KVScale, e5m2);
+    cuda_ok(cudaMemcpy(cache, host.data(), generated, cudaMemcpyHostToDevice), "cudaMemcpy");
+    for (size_t filled = generated; filled < cache_elems;) {  // doubling copies of the prefix
+      const size_t n = std::min(filled, cache_elems - filled);
+      cuda_ok(cudaMemcpy(cache + filled, cache, n, cudaMemcpyDeviceToDevice), "cudaMemcpy (repeat)");
+      filled += n;
+    }
+  }
+  for (int i = 1; i < copies; ++i)
+    cuda_ok(cudaMemcpy(kv + size_t(i) * 2 * cache_elems, kv, 2 * cache_elems, cudaMemcpyDeviceToDevice),
             "cudaMemcpy (cache copies)");
 }
 

@@ -44,6 +44,14 @@ inline constexpr float kScaleQ = 1.0f / 32, kScaleKV = 1.0f / 128;
 // on all hardware threads.
 void fill_bench_bf16(uint16_t* dst, uint64_t first, uint64_t count, uint32_t seed, float scale);
 
+// The same elements as fp8 bits (`e5m2`: e5m2, else e4m3): (u - 128) * scale rounded to nearest
+// even (e4m3 holds 3 mantissa bits, so most values round).
+void fill_bench_fp8(uint8_t* dst, uint64_t first, uint64_t count, uint32_t seed, float scale, bool e5m2);
+
+// fp8 caches of `kvattn bench decode --kv-dtype`: the K/V generator's values times 16 (so they use
+// fp8's normal range), with k_scale = v_scale = 1/16 bringing them back.
+inline constexpr float kFp8KVScale = 1.0f / 16;
+
 // ---- .npy -----------------------------------------------------------------------------------------
 // Writes a C-order NumPy file (format 1.0); descr is NumPy's type string: "<u2", "<i4", "<f4".
 // Throws kvattn::Error when the file cannot be written.
@@ -90,6 +98,9 @@ void upload_bench_values(uint16_t* dev, uint64_t count, uint32_t seed, float sca
 // (exports, whose readers regenerate them), otherwise its first 32 Mi elements (64 MB) repeated
 // over the rest, so that caches of tens of GB are not generated on the host.
 void upload_bench_kv(uint16_t* kv, size_t cache_elems, int copies, bool whole);
+// The same for an fp8 cache (fill_bench_fp8 of scale kScaleKV / kFp8KVScale), prefix generated
+// and repeated.
+void upload_bench_kv_fp8(uint8_t* kv, size_t cache_elems, int copies, bool e5m2);
 
 // One decode case for the export: its manifest fields, the device tensors (q [B, Hq, D], the
 // NHD caches [pages, page_size, Hkv, D], out [B, Hq, D] bf16, lse [B, Hq] f32) and the host page

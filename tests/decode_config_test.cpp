@@ -25,14 +25,23 @@ using kvattn_test::h200_bulk;
 bool decode_folds_in_kernel() { return kvattn::cuda::decode_folds_in_kernel(kvattn::detail::active_overrides()); }
 namespace kernels = kvattn::kernels;
 
-TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQ) {
+TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQAndForFp8KV) {
   auto c = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0);
   EXPECT_TRUE(c.tensor_cores);
   EXPECT_EQ(c.heads_per_cta, 4);
   EXPECT_EQ(c.page_size, 16);
   EXPECT_FALSE(decode_choice(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
-  EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::f16, DType::bf16, 128, 128, 4, 16, 0).tensor_cores);
   EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kRope).tensor_cores);
+  // fp8 KV under f16/bf16 q: f16 MMAs (decode_mma_kernel.cuh); f32 q and fused RoPE stay on CUDA cores.
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (DType q : {DType::bf16, DType::f16}) {
+      auto f = decode_choice(q, kv, DType::bf16, 128, 128, 8, 16, 0);
+      EXPECT_TRUE(f.tensor_cores) << f.name();
+      EXPECT_EQ(f.heads_per_cta, 8);
+    }
+  EXPECT_FALSE(decode_choice(DType::f32, DType::e4m3, DType::f32, 128, 128, 4, 16, 0).tensor_cores);
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kRope).tensor_cores);
 }
 
 TEST(DecodeConfig, HeadsPerCtaDividesTheGroup) {
@@ -66,6 +75,34 @@ class DecodeKernelEnv : public kvattn_test::ScopedOverride {
   explicit DecodeKernelEnv(const char* value, const char* name = "KVATTN_DECODE_KERNEL") : ScopedOverride(name, value) {}
 };
 
+// fp8 K/V on sm_90: TMA boxes of 16 tokens x 128 bytes where head dims are whole 128-byte rows
+// (128, 256) and pages a multiple of 16, else the row copies (head dim 64: 64-byte rows; page 1);
+// the stages hold half the bytes of bf16's.
+TEST(DecodeConfig, Fp8KVTakesTheBulkAndTmaKernelsOnSm90) {
+  DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
+  DecodeKernelEnv grid(nullptr, "KVATTN_DECODE_GRID");
+  DecodeKernelEnv env(nullptr);
+  auto c = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true);
+  EXPECT_TRUE(c.tensor_cores && c.bulk && c.tma);
+  EXPECT_EQ(c.name(), "decode_mma_e4m3_qbf16_hd128_g4_p16_f0_tma");
+  // 1 KB slack + 3 stages x 4 warps x 16 x (128 + 128) bytes + q 16 x 272 + 2 x 16 row scales + 12 barriers.
+  EXPECT_EQ(decode_smem_bytes(c), 1024 + 3 * 4 * 16 * 256 + 16 * 272 + 128 + 96);
+  EXPECT_TRUE(decode_choice(DType::f16, DType::e5m2, DType::f16, 256, 256, 4, 32, 0, true).tma);
+  auto hd64 = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 64, 64, 4, 16, 0, true);
+  EXPECT_TRUE(hd64.bulk && !hd64.tma);
+  auto page1 = decode_choice(DType::bf16, DType::e5m2, DType::bf16, 128, 128, 4, 1, 0, true);
+  EXPECT_TRUE(page1.bulk && !page1.tma);
+  EXPECT_EQ(page1.name(), "decode_mma_e5m2_qbf16_hd128_g4_p1_f0_bulk");
+  // 3 stages x 64 tokens x (144 + 144) padded rows + q + row scales + 12 barriers.
+  EXPECT_EQ(decode_smem_bytes(page1), 3 * 64 * 288 + 16 * 272 + 128 + 96);
+  // Before sm_90: the cp.async tensor-core kernel; KVATTN_DECODE_KERNEL=transposed does not apply.
+  auto ampere = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, false);
+  EXPECT_TRUE(ampere.tensor_cores && !ampere.bulk);
+  EXPECT_EQ(decode_smem_bytes(ampere), 2 * 64 * 288 + 16 * 272 + 128 + 3 * 65 * 4);
+  DecodeKernelEnv transposed("transposed");
+  EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, false).transposed);
+}
+
 TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
   {
     DecodeKernelEnv env(nullptr);
@@ -83,8 +120,8 @@ TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {
   EXPECT_EQ(f16.heads_per_cta, 16);  // two n-tiles of 8 heads in one CTA
   EXPECT_LE(decode_smem_bytes(f16), 112 * 1024) << f16.name();
   auto fp8 = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0);
-  EXPECT_FALSE(fp8.transposed);  // CUDA cores: the flag does not apply
-  EXPECT_EQ(fp8.name(), "decode_simt_e4m3_qbf16_hd128_g4_p16_f0");
+  EXPECT_FALSE(fp8.transposed);  // 2-byte K/V only: fp8 keeps the ordinary tensor-core kernel
+  EXPECT_EQ(fp8.name(), "decode_mma_e4m3_qbf16_hd128_g4_p16_f0");
 }
 
 // The bulk-copy kernels: the default on sm_90+ (the caller's bulk_copies flag) for f16/bf16 KV on
@@ -148,7 +185,7 @@ TEST(DecodeConfig, BulkKernelIsTheDefaultOnSm90ForHalfPrecisionKV) {
     EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, false).bulk);
     EXPECT_TRUE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
   }
-  EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
+  EXPECT_TRUE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
   EXPECT_FALSE(decode_choice(DType::f32, DType::f32, DType::f32, 128, 128, 4, 16, 0, true).bulk);
   EXPECT_FALSE(decode_choice(DType::f32, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).bulk);
   EXPECT_FALSE(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, kvattn::kernels::kRope, true).bulk);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -33,16 +34,19 @@ std::vector<std::pair<int64_t, int64_t>> lens_of(Rng& rng, int B, int64_t lo, in
   return lens;
 }
 
-// The tensor-core kernel rounds the softmax weights to the KV dtype before P V (the MMA takes
+// The tensor-core kernel rounds the softmax weights to the MMA type before P V (the MMA takes
 // f16/bf16 operands): a relative 2^-9 (bf16) or 2^-11 (f16) per weight, on top of the f32
-// accumulation the default tolerance covers.
+// accumulation the default tolerance covers. fp8 KV under f16/bf16 q runs f16 MMAs (K, V and
+// power-of-two scaled q exact in f16): P in f16.
 AttnCase gpu_case(DType q, DType kv) {
   AttnCase c;
   c.on_gpu = true;
   c.q_dtype = q;
   c.kv_dtype = kv;
+  const bool fp8_kv = kv == DType::e4m3 || kv == DType::e5m2;
   if (q == kv && kv == DType::bf16) c.tolerance.accumulation = 0x1p-8;
-  if (q == kv && kv == DType::f16) c.tolerance.accumulation = 0x1p-10;
+  if ((q == kv && kv == DType::f16) || (fp8_kv && (q == DType::f16 || q == DType::bf16)))
+    c.tolerance.accumulation = 0x1p-10;
   return c;
 }
 
@@ -201,6 +205,57 @@ TEST(GpuDecode, ShortEmptyAndLongRequests) {
 
 // Skewed batches (longest >= 4x the mean) take the 2-stage bulk kernel on sm_90+
 // (cuda::decode_batch_is_skewed): the same grid of dtypes and group sizes through it.
+// fp8 K/V on the tensor-core kernels (f16 MMAs with the fragment permutations of
+// decode_mma_kernel.cuh): e4m3 and e5m2 under bf16 and f16 q; head dims with an even and an odd
+// number of 16-dim chunks (80: the x2 ldmatrix tails) up to 256; groups 1-16; pages of 1 (row
+// copies), 16 and 32 (TMA boxes at head dims of 128-byte rows) in both layouts; device page ids;
+// split chunks; the decode variants; and bf16 q rows far outside f16's range (2^20) or below its
+// normals (2^-24) in one CTA, with sm_scale bringing the large rows' logits back to the usual range:
+// each row is scaled into f16 by its own power of two.
+TEST(GpuDecode, Fp8OnTensorCores) {
+  SKIP_WITHOUT_GPU();
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (DType q : {DType::bf16, DType::f16})
+      for (int hd : {64, 80, 128, 256})
+        for (int group : {1, 4, 16}) {
+          if (hd != 128 && group == 16) continue;
+          for (int ps : {1, 16, 32}) {
+            if (hd != 128 && ps == 32) continue;
+            KVATTN_CASE_RNG(rng);
+            AttnCase c = gpu_case(q, kv);
+            c.lens = lens_of(rng, 4, 0, 600);
+            c.lens.push_back({1, 2100});
+            c.num_kv_heads = 2;
+            c.num_qo_heads = 2 * group;
+            c.head_dim_qk = hd;
+            c.page_size = ps;
+            c.layout = ps == 16 ? KVLayout::HND : KVLayout::NHD;
+            c.device_page_table = ps != 1;
+            if (ps == 32) c.scheduler.fixed_split_size = 256;
+            run_gpu_decode_case(c, rng);
+          }
+        }
+  // Rows of very different magnitudes in one CTA (bf16 q only: f16 q cannot hold 2^20).
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (int hd : {128, 80}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::bf16, kv);
+      c.lens = {{1, 700}, {1, 33}, {1, 1200}};
+      c.num_kv_heads = 2;
+      c.num_qo_heads = 16;
+      c.head_dim_qk = hd;
+      c.q_head_scales = {0x1p20, 1.0, 0x1p-24, 0x1p20, 0x1p4};
+      c.variant = kvattn::Variant{}.with_sm_scale(float(0x1p-20 / std::sqrt(double(hd))));
+      run_gpu_decode_case(c, rng);
+    }
+  const kvattn::Variant variants[] = {
+      kvattn::variants::sliding_window(40), kvattn::variants::soft_cap(5.0f), kvattn::variants::alibi(),
+      kvattn::variants::sigmoid(-1.0f), kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f),
+      kvattn::variants::causal().with_soft_cap(8.0f).with_window(100).with_alibi()};
+  run_variant_cases(variants, DType::bf16, {DType::e4m3, DType::e5m2});
+  run_variant_cases(variants, DType::f16, {DType::e4m3});
+}
+
 TEST(GpuDecode, SkewedBatches) {
   SKIP_WITHOUT_GPU();
   for (DType kv : {DType::bf16, DType::f16})

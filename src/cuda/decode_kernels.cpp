@@ -52,7 +52,11 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
   // Decode queries sit at the last position, so the causal mask never hides a key: drop its bit.
   c.features = features & ~uint32_t(kernels::kCausal);
   c.page_size = (page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0) ? page_size : 0;
-  c.tensor_cores = (kv == DType::f16 || kv == DType::bf16) && q == kv && !(features & kernels::kRope);
+  // Tensor cores take f16/bf16 K/V in q's dtype, and fp8 K/V under f16/bf16 q (as f16 MMAs:
+  // kernels/decode/decode_mma_kernel.cuh); fused RoPE rotates K in f32 on the CUDA-core kernel.
+  const bool fp8_kv = kv == DType::e4m3 || kv == DType::e5m2;
+  const bool two_byte_q = q == DType::f16 || q == DType::bf16;
+  c.tensor_cores = ((kv == q && two_byte_q) || (fp8_kv && two_byte_q)) && !(features & kernels::kRope);
   const int max_heads = c.tensor_cores ? 16 : 8;
   c.heads_per_cta = 1;
   for (int g = 1; g <= max_heads && g <= group; ++g)
@@ -69,12 +73,13 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
                                         ? DecodeKernelChoice::decode
                                         : ov.decode_kernel.value_or(DecodeKernelChoice::decode);
   const bool own_choice = kernel == DecodeKernelChoice::decode;
-  c.transposed = c.tensor_cores && kernel == DecodeKernelChoice::transposed;
+  c.transposed = c.tensor_cores && !fp8_kv && kernel == DecodeKernelChoice::transposed;  // 2-byte K/V only
   c.bulk = c.tensor_cores && limits.has_bulk_copies() && (own_choice || kernel == DecodeKernelChoice::bulk);
-  // TMA boxes of 16 tokens x 64 dims: pages of whole boxes, head dims of whole 128-byte rows. A
+  // TMA boxes of 16 tokens x 128 bytes: pages of whole boxes, head dims of whole 128-byte rows. A
   // sliding window starts its range at kv_len - 1 - window_left, off the 16-token grid, so every
   // tile would take the TMA kernel's cp.async path: windows keep the row copies.
-  c.tma = c.bulk && own_choice && page_size >= 16 && page_size % 16 == 0 && dqk % 64 == 0 && dvo % 64 == 0 &&
+  const int box_dims = fp8_kv ? 128 : 64;
+  c.tma = c.bulk && own_choice && page_size >= 16 && page_size % 16 == 0 && dqk % box_dims == 0 && dvo % box_dims == 0 &&
           !(features & kernels::kSlidingWindow);
   // Two CTAs per SM with room for the L1: kDecodeSmemPerCta, or half of a smaller SM.
   const int64_t two_per_sm = std::min(kDecodeSmemPerCta, limits.smem_per_sm / 2 - limits.reserved_smem_per_block);
@@ -97,14 +102,15 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
+  const int kv_bytes = int(dtype_size(c.kv_dtype));
   if (c.tensor_cores && c.bulk && c.tma)
-    return kernels::decode::tma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
+    return kernels::decode::tma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32, kv_bytes);
   if (c.tensor_cores && c.bulk)
-    return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
+    return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32, kv_bytes);
   if (c.tensor_cores && c.transposed)
     return kernels::decode::mma_t_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
   if (c.tensor_cores)
-    return kernels::decode::mma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
+    return kernels::decode::mma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32, kv_bytes);
   return kernels::decode::simt_smem_bytes(int(dtype_size(c.kv_dtype)), c.head_dim_qk, c.head_dim_vo,
                                           c.heads_per_cta, c.tile_tokens, c.stages, c.threads);
 }

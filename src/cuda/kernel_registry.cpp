@@ -95,8 +95,9 @@ std::vector<RegisteredKernel> rope_kernels(bool all) {
   return out;
 }
 
-// Decode kernels a serving deployment of common models uses: f16/bf16 (tensor cores) and fp8 KV
-// (CUDA cores), head dims 64/128/256, GQA groups 1/4/8, page 16, plain and soft-capped logits.
+// Decode kernels a serving deployment of common models uses: f16/bf16 and fp8 KV (tensor cores;
+// fused RoPE on CUDA cores), head dims 64/128/256, GQA groups 1/4/8, page 16, plain, soft-capped and
+// windowed logits.
 std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int hd, int group, uint32_t features) {
@@ -118,9 +119,15 @@ std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
       for (int group : {1, 4, 8}) add(t, t, hd, group, 0);
   add(DType::bf16, DType::bf16, 128, 4, kernels::kSoftCap);
   add(DType::bf16, DType::bf16, 128, 4, kernels::kSlidingWindow);
-  add(DType::bf16, DType::e4m3, 128, 4, 0);
+  for (int group : {1, 4, 8}) add(DType::bf16, DType::e4m3, 128, group, 0);
+  add(DType::f16, DType::e4m3, 128, 4, 0);
   add(DType::bf16, DType::e5m2, 128, 8, 0);
+  add(DType::bf16, DType::e4m3, 64, 4, 0);   // rows of 64 bytes: no TMA boxes, row copies
+  add(DType::bf16, DType::e4m3, 256, 4, 0);
+  add(DType::bf16, DType::e4m3, 128, 4, kernels::kSoftCap);
+  add(DType::bf16, DType::e4m3, 128, 4, kernels::kSlidingWindow);
   add(DType::bf16, DType::bf16, 128, 4, kernels::kRope);
+  add(DType::bf16, DType::e4m3, 128, 4, kernels::kRope);  // CUDA cores
   // Pages of fewer than 16 tokens keep the row copies on sm_90+ (DecodeBulkKernel): page 1.
   for (DType t : {DType::bf16, DType::f16})
     for (bool skewed : {false, true}) {

@@ -37,9 +37,11 @@ static_assert(sizeof(CUtensorMap) == sizeof(kernels::TensorMapBytes) && alignof(
               "TensorMapBytes holds a CUtensorMap");
 
 bool encode_paged_cache_map(const PagedCacheView& c, kernels::TensorMapBytes& map, int& token_dim) {
-  if (c.dtype != DType::f16 && c.dtype != DType::bf16) return false;
-  if (c.head_dim % 64 != 0 || c.page_size < 16 || c.num_heads < 1 || c.num_pages < 1) return false;
-  const int64_t esize = 2;
+  const bool fp8 = c.dtype == DType::e4m3 || c.dtype == DType::e5m2;
+  if (c.dtype != DType::f16 && c.dtype != DType::bf16 && !fp8) return false;
+  const int64_t esize = fp8 ? 1 : 2;
+  const int64_t box_dims = 128 / esize;  // one 128-byte swizzle row
+  if (c.head_dim % box_dims != 0 || c.page_size < 16 || c.num_heads < 1 || c.num_pages < 1) return false;
   const int64_t page = c.stride_page * esize, token = c.stride_token * esize, head = c.stride_head * esize;
   if (reinterpret_cast<uintptr_t>(c.base) % 16 != 0) return false;
   for (int64_t s : {page, token, head})
@@ -55,10 +57,13 @@ bool encode_paged_cache_map(const PagedCacheView& c, kernels::TensorMapBytes& ma
                               cuuint64_t(tokens_first ? c.num_heads : c.page_size), cuuint64_t(c.num_pages)};
   const cuuint64_t strides[3] = {cuuint64_t(tokens_first ? token : head), cuuint64_t(tokens_first ? head : token),
                                  cuuint64_t(page)};
-  const cuuint32_t box[4] = {64, tokens_first ? 16u : 1u, tokens_first ? 1u : 16u, 1};
+  const cuuint32_t box[4] = {cuuint32_t(box_dims), tokens_first ? 16u : 1u, tokens_first ? 1u : 16u, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   CUtensorMap out;
-  const CUresult r = encode(&out, c.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+  const CUtensorMapDataType type = fp8                    ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : c.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode(&out, type,
                             4, const_cast<void*>(c.base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -24,9 +24,10 @@ struct PagedCacheView {
 
 // The 4-D map of `cache` (head dim, then token and head in the order of their strides, heads
 // first on a tie, then page)
-// with boxes of 64 dims x 16 tokens, 128-byte swizzle. `token_dim` gets 1 when tokens are the
-// second dimension, 2 when heads are. Returns false, leaving `map` alone, where TMA cannot
-// describe the cache (not f16/bf16, a head dim that is not a multiple of 64, pages of fewer than
+// with boxes of 128 bytes x 16 tokens (64 dims of f16/bf16, 128 of fp8, read as bytes), 128-byte
+// swizzle. `token_dim` gets 1 when tokens are the second dimension, 2 when heads are. Returns
+// false, leaving `map` alone, where TMA cannot describe the cache (not f16/bf16/fp8, a head dim
+// that is not a whole number of boxes, pages of fewer than
 // 16 tokens, a base address or a stride that is not a multiple of 16 bytes, a page stride that is
 // not the largest) or the driver has no cuTensorMapEncodeTiled; the kernel then copies every tile
 // on its cp.async path.

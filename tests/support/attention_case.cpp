@@ -130,7 +130,8 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
       for (int h = 0; h < hq; ++h)
         for (int e = 0; e < dqk; ++e) {
           const int64_t off = q.offset({qo_indptr[b] + i, h, e});
-          q.set_at(off, fill_value(c.fill, 'q', i, h, e, rng));
+          const double head_scale = c.q_head_scales.empty() ? 1.0 : c.q_head_scales[size_t(h) % c.q_head_scales.size()];
+          q.set_at(off, head_scale * fill_value(c.fill, 'q', i, h, e, rng));
           r.q.push_back(q.get_at(off));
         }
   }

@@ -44,6 +44,9 @@ struct AttnCase {
   bool device_page_table = false;  // on_gpu, paged: kv_indices given as a device tensor
   kvattn::SchedulerOptions scheduler{};
   double mask_density = 0.7;  // custom mask: probability that a bit is set
+  // q of query head h multiplied by q_head_scales[h % size] (empty: 1), e.g. powers of two beyond
+  // f16's range or below its normals, stored exactly in bf16.
+  std::vector<double> q_head_scales;
   const ref::UserHooks* user = nullptr;  // variant.custom's hooks in double, for the reference
   ComputeTolerance tolerance{};
   double tanh_approx_error = kTanhApproxPtx;  // on_gpu soft-cap: allow_approx_tanh's bound (compare.h)

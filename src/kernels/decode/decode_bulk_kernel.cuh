@@ -3,7 +3,7 @@
 // merge_and_store are called as they are) with the K/V rows brought in by the copy engine instead
 // of 16-byte cp.async copies from every thread (20-30% more bandwidth on the H200):
 //   cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes  one per K row and V row
-// (head_dim x 2 bytes, NHD or HND alike: a token's row of one head is contiguous in both), and a
+// (head_dim x 2 bytes, or x 1 for fp8; NHD or HND alike: a token's row of one head is contiguous in both), and a
 // pipeline STAGES deep whose tiles are STAGES - 1 ahead of the math.
 //
 // Each warp reads only its own 16 tokens of a tile (rows warp*16 .. warp*16+15 of K and V), so
@@ -98,14 +98,15 @@ struct DecodeBulkKernel {
   static constexpr int kThreads = Base::kThreads;
   static constexpr int kTile = Base::kTile;
   static constexpr int kPitchK = Base::kPitchK, kPitchV = Base::kPitchV, kPitchQ = Base::kPitchQ;
-  static constexpr int kRowBytesK = DQK * 2, kRowBytesV = DVO * 2;
+  static constexpr int kKVBytes = Base::kKVBytes;
+  static constexpr int kRowBytesK = DQK * kKVBytes, kRowBytesV = DVO * kKVBytes;
   static constexpr int kStageBytes = kTile * (kPitchK + kPitchV);  // K rows, then V rows
   static constexpr int kPipeBytes = STAGES * kStageBytes;
   static constexpr int kBigBytes = kPipeBytes > Base::kMergeBytes ? kPipeBytes : Base::kMergeBytes;
   static constexpr int kQOffset = kBigBytes;
-  static constexpr int kBarOffset = kQOffset + 16 * kPitchQ;
+  static constexpr int kBarOffset = kQOffset + Base::kQBytes;
   static constexpr int kSmemBytes = kBarOffset + STAGES * WARPS * 8;
-  static_assert(kSmemBytes == bulk_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
+  static_assert(kSmemBytes == bulk_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes), "host and device agree");
   static_assert(kStageBytes == Base::kStageBytes, "the stage layout is DecodeMmaKernel's");
   static_assert(kPitchK % 16 == 0 && kPitchV % 16 == 0 && kStageBytes % 16 == 0 && kRowBytesK % 16 == 0 &&
                     kRowBytesV % 16 == 0 && kBarOffset % 8 == 0,
@@ -124,8 +125,8 @@ struct DecodeBulkKernel {
     // This lane's row: token warp * 16 + lane % 16 of every tile, of K (lanes 0-15) or V (16-31).
     const int row = warp * 16 + lane % 16;
     const bool is_v = lane >= 16;
-    const char* src_head = is_v ? static_cast<const char*>(p.v) + item.kv_head * p.v_stride_head * 2
-                                : static_cast<const char*>(p.k) + item.kv_head * p.k_stride_head * 2;
+    const char* src_head = is_v ? static_cast<const char*>(p.v) + item.kv_head * p.v_stride_head * kKVBytes
+                                : static_cast<const char*>(p.k) + item.kv_head * p.k_stride_head * kKVBytes;
     const int64_t stride_page = is_v ? p.v_stride_page : p.k_stride_page;
     const int64_t stride_token = is_v ? p.v_stride_token : p.k_stride_token;
     const uint32_t row_bytes = is_v ? kRowBytesV : kRowBytesK;
@@ -165,7 +166,7 @@ struct DecodeBulkKernel {
       __syncwarp();  // the expectation is raised before any of the copies can complete
       if (valid) {
         const int32_t tok = item.kv_begin + tile * kTile + row;
-        const char* src = src_head + (stride_page * page + stride_token * int64_t(tok % ps)) * 2;
+        const char* src = src_head + (stride_page * page + stride_token * int64_t(tok % ps)) * kKVBytes;
         bulk_copy_g2s(smem_addr(dst), src, row_bytes, bar);
       }
     };

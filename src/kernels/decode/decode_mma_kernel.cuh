@@ -1,6 +1,7 @@
-// Paged batch decode on tensor cores (mma.sync m16n8k16, sm_80+), for f16/bf16 KV. One CTA runs one
-// work item (request, KV head, KV range) for up to 16 query heads of the group: the heads are the
-// 16 rows of the MMA's A tile (padded), so each KV byte is read once for all of them.
+// Paged batch decode on tensor cores (mma.sync m16n8k16, sm_80+), for f16/bf16 KV and fp8 (e4m3,
+// e5m2) KV. One CTA runs one work item (request, KV head, KV range) for up to 16 query heads of the
+// group: the heads are the 16 rows of the MMA's A tile (padded), so each KV byte is read once for
+// all of them.
 //
 // Each warp owns 16 tokens of every tile and keeps its own online-softmax state in registers
 //   S = Q K^T   A = Q (registers or shared), B = K rows via ldmatrix
@@ -8,6 +9,20 @@
 //   O += P V    B = V rows via ldmatrix.trans
 // The warps' states are merged through shared memory at the end, and the row is written out, or,
 // for a split row, its normalised partial state goes to the workspace, folded by split_fold.cuh.
+//
+// fp8 K/V stay fp8 in shared memory (half the bytes per tile) and become f16 in registers, right
+// after their ldmatrix: every e4m3/e5m2 value is exact in f16, so the MMAs run in f16 whatever q's
+// dtype, with no rounding of K or V. ldmatrix reads fp8 rows as b16 pairs, which permutes indices:
+//   K (ldmatrix): a lane gets dims 4t..4t+3 of token g in a 16-dim chunk, so its B registers hold
+//     dims (4t, 4t+1) and (4t+2, 4t+3) where the MMA expects k = (2t, 2t+1) and (2t+8, 2t+9).
+//     A dot product does not care about the order of k as long as A agrees: stage_q writes q in
+//     that permuted order (q_column).
+//   V (ldmatrix.trans): a lane gets tokens 2t, 2t+1 (and +8) of dims 2g, 2g+1: split by byte into
+//     an n-tile of the even dims and one of the odd dims, so acc[2c] holds dims 16c + 2n and
+//     acc[2c + 1] dims 16c + 2n + 1 (n: the C fragment's column); merge_and_store undoes it.
+// q is f16 then: bf16 q rows are scaled by a power of two (per row, exact) so that their largest
+// magnitude lies in [2^14, 2^15), within f16's range and above its subnormals; the logits take
+// the inverse scale with sm_scale.
 #pragma once
 
 #include "kernels/common/mma.cuh"
@@ -23,16 +38,25 @@ template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t
           int STAGES, int WARPS>
 struct DecodeMmaKernel {
   using Variant = BuiltinVariant<FEATURES>;
-  static_assert(DT == kF16 || DT == kBF16, "the tensor-core decode reads f16 or bf16 KV");
+  static constexpr bool kFp8 = DT == kE4M3 || DT == kE5M2;
+  static_assert(DT == kF16 || DT == kBF16 || kFp8, "the tensor-core decode reads f16, bf16 or fp8 KV");
+  static_assert(kFp8 ? (QDT == kF16 || QDT == kBF16) : QDT == DT, "q is the KV dtype, or f16/bf16 over fp8 KV");
+  // The MMA operand type: the KV dtype, f16 for fp8 KV.
+  static constexpr int MT = kFp8 ? kF16 : DT;
+  static constexpr int kKVBytes = kFp8 ? 1 : 2;
+  // bf16 q over fp8 KV: rows scaled by powers of two into f16's range (the header).
+  static constexpr bool kScaledQ = kFp8 && QDT != kF16;
   static_assert(FEATURES != kDynamicFeatures && !(FEATURES & kRope) && !(FEATURES & kCustomMask),
                 "fused RoPE and custom masks run on the CUDA-core decode kernel");
   static_assert(GH >= 1 && GH <= 16 && DQK % 16 == 0 && DVO % 16 == 0, "shape");
   static constexpr int kThreads = WARPS * 32;
   static constexpr int kTile = WARPS * 16;
-  static constexpr int kPitchK = ((DQK * 2 / 16) | 1) * 16;  // bytes; odd 16-byte multiple
-  static constexpr int kPitchV = ((DVO * 2 / 16) | 1) * 16;
-  static constexpr int kPitchQ = kPitchK;
-  static constexpr int kChunksK = DQK * 2 / 16, kChunksV = DVO * 2 / 16;
+  static constexpr int kPitchK = ((DQK * kKVBytes / 16) | 1) * 16;  // bytes; odd 16-byte multiple
+  static constexpr int kPitchV = ((DVO * kKVBytes / 16) | 1) * 16;
+  static constexpr int kPitchQ = ((DQK * 2 / 16) | 1) * 16;  // q in the MMA type
+  static constexpr int kChunksK = DQK * kKVBytes / 16, kChunksV = DVO * kKVBytes / 16;
+  // fp8: after q's rows, each row's logit scale (2^-k) and q scale (2^k); q_bytes of smem_layout.
+  static constexpr int kQBytes = mma_q_bytes(DQK, kKVBytes);
   static constexpr bool kQInRegisters = DQK <= 128;
   static constexpr float kLog2e = 1.4426950408889634f;
 
@@ -46,8 +70,9 @@ struct DecodeMmaKernel {
   static constexpr int kRing = STAGES + 1;
   static constexpr int kIdsPerTile = kTile + 1;  // worst case: page size 1, or an unaligned tile
   static constexpr int kRingBytes = kRing * kIdsPerTile * 4;
-  static constexpr int kSmemBytes = kBigBytes + 16 * kPitchQ + kRingBytes;
-  static_assert(kSmemBytes == mma_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
+  static constexpr int kSmemBytes = kBigBytes + kQBytes + kRingBytes;
+  static_assert(kStageBytes == mma_stage_bytes(DQK, DVO, WARPS, kKVBytes), "host and device agree");
+  static_assert(kSmemBytes == mma_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes), "host and device agree");
 
   static __device__ __forceinline__ int page_size(const DecodeParams& p) {
     return PAGE > 0 ? PAGE : p.page_size;
@@ -85,8 +110,8 @@ struct DecodeMmaKernel {
                                    int32_t kv_end, const int32_t* ids, int kv_head) {
     const int ps = page_size(p);
     const int32_t first = tile0 / ps;
-    const char* kbase = static_cast<const char*>(p.k) + kv_head * p.k_stride_head * 2;
-    const char* vbase = static_cast<const char*>(p.v) + kv_head * p.v_stride_head * 2;
+    const char* kbase = static_cast<const char*>(p.k) + kv_head * p.k_stride_head * kKVBytes;
+    const char* vbase = static_cast<const char*>(p.v) + kv_head * p.v_stride_head * kKVBytes;
     char* kdst = smem + stage * kStageBytes;
     char* vdst = kdst + kTile * kPitchK;
     for (int id = threadIdx.x; id < kTile * (kChunksK + kChunksV); id += kThreads) {
@@ -100,25 +125,69 @@ struct DecodeMmaKernel {
       const char* src = is_k ? kbase : vbase;
       if (valid) {
         src += ((is_k ? p.k_stride_page : p.v_stride_page) * page +
-                (is_k ? p.k_stride_token : p.v_stride_token) * int64_t(tok % ps)) * 2 + c * 16;
+                (is_k ? p.k_stride_token : p.v_stride_token) * int64_t(tok % ps)) * kKVBytes + c * 16;
       }
       cp_async_16((is_k ? kdst + r * kPitchK : vdst + r * kPitchV) + c * 16, src, valid);
     }
   }
 
+  // The dim of q that MMA column `col` holds: the same, or for fp8 K/V the permutation of the
+  // header (within each 16-dim chunk, columns 2t, 2t+1 take dims 4t, 4t+1 and 2t+8, 2t+9 take
+  // 4t+2, 4t+3). Pairs (col even) stay pairs.
+  static __device__ __forceinline__ int q_column(int col) {
+    if constexpr (!kFp8) return col;
+    const int in_chunk = col % 16;
+    return col - in_chunk + 4 * ((in_chunk % 8) / 2) + 2 * (in_chunk / 8) + in_chunk % 2;
+  }
+  // Each row's scale of the logits: sm_scale, or for fp8 K/V sm_scale times the row's 2^-k.
+  static __device__ __forceinline__ const float* row_logit_scales(const char* qs) {
+    return reinterpret_cast<const float*>(qs + 16 * kPitchQ);
+  }
+
   // q rows [16][DQK] in the MMA type at `qs` (pitch kPitchQ); rows past GH are zero. The caller
-  // synchronises before the rows are read.
+  // synchronises before the rows are read. For fp8 K/V also each row's logit scale (bf16 q: the
+  // power of two 2^k that puts the row's largest magnitude in [2^14, 2^15) multiplies the row, and
+  // 2^-k goes to the logits; a zero or non-finite maximum keeps k = 0).
   static __device__ __forceinline__ void stage_q(const DecodeParams& p, char* qs, const DeviceDecodeItem& item,
                                                  int head0) {
+    [[maybe_unused]] float* scales = reinterpret_cast<float*>(qs + 16 * kPitchQ);  // logit [16], q [16]
+    if constexpr (kFp8) {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      for (int row = warp; row < 16; row += WARPS) {
+        int k = 0;
+        if constexpr (kScaledQ) {
+          float mx = 0.0f;
+          if (row < GH) {
+            const int64_t base = item.request * p.q_stride_n + (head0 + row) * p.q_stride_h;
+            for (int e = lane; e < DQK; e += 32) mx = fmaxf(mx, fabsf(load_as_f32<QDT>(p.q, base + e)));
+          }
+#pragma unroll
+          for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          if (mx > 0.0f && mx <= 3.402823466e38f) {
+            const int e = int((__float_as_uint(mx) >> 23) & 0xffu) - 127;  // floor(log2(mx)); -127: subnormal
+            k = min(64, max(-126, 14 - e));
+          }
+        }
+        if (lane == 0) {
+          scales[row] = p.variant.sm_scale * __int_as_float((127 - k) << 23);
+          scales[16 + row] = __int_as_float((127 + k) << 23);
+        }
+      }
+      __syncthreads();  // the q scales are written before the rows below read them
+    }
     for (int i = threadIdx.x; i < 16 * DQK / 2; i += kThreads) {
       const int row = i / (DQK / 2), e = 2 * (i % (DQK / 2));
       float x0 = 0.0f, x1 = 0.0f;
       if (row < GH) {
-        const int64_t base = item.request * p.q_stride_n + (head0 + row) * p.q_stride_h + e;
+        const int64_t base = item.request * p.q_stride_n + (head0 + row) * p.q_stride_h + q_column(e);
         x0 = load_as_f32<QDT>(p.q, base);
         x1 = load_as_f32<QDT>(p.q, base + 1);
+        if constexpr (kScaledQ) {
+          x0 *= scales[16 + row];
+          x1 *= scales[16 + row];
+        }
       }
-      *reinterpret_cast<uint32_t*>(qs + row * kPitchQ + e * 2) = pack2<DT>(x0, x1);
+      *reinterpret_cast<uint32_t*>(qs + row * kPitchQ + e * 2) = pack2<MT>(x0, x1);
     }
   }
 
@@ -166,21 +235,52 @@ struct DecodeMmaKernel {
     const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
     // S = Q K^T for this warp's 16 tokens: two n-tiles of 8 tokens.
     float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-    const int k_row = (lane / 16) * 8 + lane % 8, k_col = (lane / 8 % 2) * 8;
-#pragma unroll
-    for (int ks = 0; ks < DQK / 16; ++ks) {
-      uint32_t b[4];
-      ldmatrix_x4(b, ks_base + (SWIZZLED ? swizzled_offset(k_row, (ks * 16 + k_col) * 2)
-                                         : k_row * kPitchK + (ks * 16 + k_col) * 2));
+    auto k_offset = [&](int row, int col_bytes) {
+      return SWIZZLED ? swizzled_offset(row, col_bytes) : row * kPitchK + col_bytes;
+    };
+    // S += Q[:, chunk ks] K[16 tokens, chunk ks]^T for one n-tile of 8 tokens.
+    auto qk = [&](float (&acc_s)[4], int ks, uint32_t b0, uint32_t b1) {
       if constexpr (kQInRegisters) {
-        mma_16816<DT>(s[0], qfrag[ks], b[0], b[1]);
-        mma_16816<DT>(s[1], qfrag[ks], b[2], b[3]);
+        mma_16816<MT>(acc_s, qfrag[ks], b0, b1);
       } else {
         uint32_t a[4];
         ldmatrix_x4(a, qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-        mma_16816<DT>(s[0], a, b[0], b[1]);
-        mma_16816<DT>(s[1], a, b[2], b[3]);
+        mma_16816<MT>(acc_s, a, b0, b1);
       }
+    };
+    // Matrices of an x4 ldmatrix: tokens 0-7 then 8-15 (lane / 16), 16-byte columns 0 and 1 (lane / 8 % 2).
+    const int k_row = (lane / 16) * 8 + lane % 8, k_col_bytes = (lane / 8 % 2) * 16;
+    if constexpr (!kFp8) {
+#pragma unroll
+      for (int ks = 0; ks < DQK / 16; ++ks) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks_base + k_offset(k_row, ks * 32 + k_col_bytes));
+        qk(s[0], ks, b[0], b[1]);
+        qk(s[1], ks, b[2], b[3]);
+      }
+    } else {
+      // Each 16-byte column is a 16-dim chunk: an x4 covers chunks ks and ks + 1 of both n-tiles.
+#pragma unroll
+      for (int ks = 0; ks + 1 < DQK / 16; ks += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, ks_base + k_offset(k_row, ks * 16 + k_col_bytes));
+        qk(s[0], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[0]), fp8_pair_to_f16x2<DT, 2, 3>(r[0]));
+        qk(s[0], ks + 1, fp8_pair_to_f16x2<DT, 0, 1>(r[1]), fp8_pair_to_f16x2<DT, 2, 3>(r[1]));
+        qk(s[1], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[2]), fp8_pair_to_f16x2<DT, 2, 3>(r[2]));
+        qk(s[1], ks + 1, fp8_pair_to_f16x2<DT, 0, 1>(r[3]), fp8_pair_to_f16x2<DT, 2, 3>(r[3]));
+      }
+      if constexpr (DQK / 16 % 2 == 1) {  // the last chunk alone: tokens 0-7 and 8-15 (lanes 0-15)
+        constexpr int ks = DQK / 16 - 1;
+        uint32_t r[2];
+        ldmatrix_x2(r, ks_base + k_offset(lane % 16, ks * 16));
+        qk(s[0], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[0]), fp8_pair_to_f16x2<DT, 2, 3>(r[0]));
+        qk(s[1], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[1]), fp8_pair_to_f16x2<DT, 2, 3>(r[1]));
+      }
+    }
+    float logit_scale[2] = {p.variant.sm_scale, p.variant.sm_scale};
+    if constexpr (kFp8) {
+      logit_scale[0] = row_logit_scales(qs)[g];
+      logit_scale[1] = row_logit_scales(qs)[g + 8];
     }
     // Variant: mask and logit transform per element; rows past GH are padding.
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -194,7 +294,7 @@ struct DecodeMmaKernel {
         if (row < GH && tok < item.kv_end) {
           LogitCoord c{item.request, head0 + row, 0, tok, kv_len - 1, tok, kv_len};
           if (Variant::logits_mask(p.variant, c))
-            x = Variant::logits_transform(p.variant, p.variant.sm_scale * s[n][j], c) * kLog2e;
+            x = Variant::logits_transform(p.variant, logit_scale[j / 2] * s[n][j], c) * kLog2e;
         }
         s[n][j] = x;
         tile_max[j / 2] = fmaxf(tile_max[j / 2], x);
@@ -233,16 +333,41 @@ struct DecodeMmaKernel {
           s[n][j] = s[n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[n][j] / kLog2e);
     }
     // O += P V, P as the A fragment (16 heads x 16 tokens).
-    uint32_t pa[4] = {pack2<DT>(s[0][0], s[0][1]), pack2<DT>(s[0][2], s[0][3]),
-                      pack2<DT>(s[1][0], s[1][1]), pack2<DT>(s[1][2], s[1][3])};
-    const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
+    uint32_t pa[4] = {pack2<MT>(s[0][0], s[0][1]), pack2<MT>(s[0][2], s[0][3]),
+                      pack2<MT>(s[1][0], s[1][1]), pack2<MT>(s[1][2], s[1][3])};
+    auto v_offset = [&](int row, int col_bytes) {
+      return SWIZZLED ? swizzled_offset(row, col_bytes) : row * kPitchV + col_bytes;
+    };
+    // Matrices of an x4 ldmatrix.trans: tokens 0-7 then 8-15 (lane / 8 % 2), 16-byte columns 0 and 1 (lane / 16).
+    const int v_row = (lane / 8 % 2) * 8 + lane % 8, v_col_bytes = (lane / 16) * 16;
+    if constexpr (!kFp8) {
 #pragma unroll
-    for (int dn = 0; dn < DVO / 16; ++dn) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, vs_base + (SWIZZLED ? swizzled_offset(v_row, (dn * 16 + v_col) * 2)
-                                               : v_row * kPitchV + (dn * 16 + v_col) * 2));
-      mma_16816<DT>(acc[2 * dn], pa, b[0], b[1]);
-      mma_16816<DT>(acc[2 * dn + 1], pa, b[2], b[3]);
+      for (int dn = 0; dn < DVO / 16; ++dn) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs_base + v_offset(v_row, dn * 32 + v_col_bytes));
+        mma_16816<MT>(acc[2 * dn], pa, b[0], b[1]);
+        mma_16816<MT>(acc[2 * dn + 1], pa, b[2], b[3]);
+      }
+    } else {
+      // A register of tokens (2t, 2t+1) x dims (2g, 2g+1): bytes 0 and 2 are the even dim's pair of
+      // tokens, bytes 1 and 3 the odd dim's (the header's V permutation).
+      auto pv = [&](int c, uint32_t lo_tokens, uint32_t hi_tokens) {
+        mma_16816<MT>(acc[2 * c], pa, fp8_pair_to_f16x2<DT, 0, 2>(lo_tokens), fp8_pair_to_f16x2<DT, 0, 2>(hi_tokens));
+        mma_16816<MT>(acc[2 * c + 1], pa, fp8_pair_to_f16x2<DT, 1, 3>(lo_tokens), fp8_pair_to_f16x2<DT, 1, 3>(hi_tokens));
+      };
+#pragma unroll
+      for (int c = 0; c + 1 < DVO / 16; c += 2) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, vs_base + v_offset(v_row, c * 16 + v_col_bytes));
+        pv(c, r[0], r[1]);
+        pv(c + 1, r[2], r[3]);
+      }
+      if constexpr (DVO / 16 % 2 == 1) {  // the last chunk alone: tokens 0-7 and 8-15 (lanes 0-15)
+        constexpr int c = DVO / 16 - 1;
+        uint32_t r[2];
+        ldmatrix_x2_trans(r, vs_base + v_offset(lane % 16, c * 16));
+        pv(c, r[0], r[1]);
+      }
     }
   }
 
@@ -271,10 +396,17 @@ struct DecodeMmaKernel {
         mw[warp * 16 + row] = m[r];
         dw[warp * 16 + row] = d[r];
       }
+      if constexpr (kFp8) {  // acc[2c] holds dims 16c + 4t and + 2, acc[2c + 1] + 1 and + 3
 #pragma unroll
-      for (int n = 0; n < DVO / 8; ++n)
-        *reinterpret_cast<float2*>(aw + (warp * 16 + row) * DVO + n * 8 + 2 * t4) =
-            make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+        for (int c = 0; c < DVO / 16; ++c)
+          *reinterpret_cast<float4*>(aw + (warp * 16 + row) * DVO + c * 16 + 4 * t4) =
+              make_float4(acc[2 * c][2 * r], acc[2 * c + 1][2 * r], acc[2 * c][2 * r + 1], acc[2 * c + 1][2 * r + 1]);
+      } else {
+#pragma unroll
+        for (int n = 0; n < DVO / 8; ++n)
+          *reinterpret_cast<float2*>(aw + (warp * 16 + row) * DVO + n * 8 + 2 * t4) =
+              make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+      }
     }
     __syncthreads();
     const bool softmax_on = Variant::use_softmax(p.variant);
@@ -329,7 +461,7 @@ struct DecodeMmaKernel {
     const int32_t page_base = item.page_base, kv_len = item.kv_len;
     const int32_t n_tiles = (item.kv_end - item.kv_begin + kTile - 1) / kTile;
 
-    int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + 16 * kPitchQ);
+    int32_t* ring = reinterpret_cast<int32_t*>(smem + kBigBytes + kQBytes);
     auto tile_start = [&](int tile) { return item.kv_begin + tile * kTile; };
     bool bad = false;  // a page id was out of range: the rows come out NaN
     for (int st = 0; st < STAGES && st < n_tiles; ++st) {

@@ -6,7 +6,7 @@
 // DecodeBulkKernel compile to a 32-round loop (ELECT, four R2UR, UBLKCP) per warp and tile: 40% of
 // its instructions at 64 x 4096 (ncu on the H200 at 05bdd46; docs/DECISIONS.md, "Decode kernels"),
 // in a kernel whose warps were bound by issue latency, not by DRAM. Here a warp's 16 tokens of one
-// page are DQK/64 + DVO/64 boxes of [16 tokens][64 dims] (2 KB each), one instruction each:
+// page are boxes of [16 tokens][128 bytes] (64 dims, or 128 of fp8; 2 KB each), one instruction each:
 //   cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 // through the 4-D tensor maps of the K and V caches that run() encodes (DecodeParams::k_map/v_map:
 // head dim, then token and head in the order of their strides, then page). The boxes land
@@ -56,21 +56,23 @@ template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t
 struct DecodeTmaKernel {
   using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
   static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
-  static_assert(DQK % 64 == 0 && DVO % 64 == 0, "whole 64-dim (128-byte) boxes");
+  static constexpr int kKVBytes = Base::kKVBytes;
+  static constexpr int kBoxDims = 128 / kKVBytes;  // a box row is 128 bytes: 64 dims, or 128 of fp8
+  static_assert(DQK % kBoxDims == 0 && DVO % kBoxDims == 0, "whole 128-byte boxes");
   static constexpr int kThreads = Base::kThreads;
   static constexpr int kTile = Base::kTile;
   static constexpr int kPitchQ = Base::kPitchQ;
-  static constexpr int kBoxBytes = 16 * 128;       // 16 tokens x 64 dims
-  static constexpr int kWarpKBytes = 16 * DQK * 2;  // DQK / 64 boxes
-  static constexpr int kWarpVBytes = 16 * DVO * 2;
+  static constexpr int kBoxBytes = 16 * 128;  // 16 tokens x 128 bytes
+  static constexpr int kWarpKBytes = 16 * DQK * kKVBytes;  // DQK / kBoxDims boxes
+  static constexpr int kWarpVBytes = 16 * DVO * kKVBytes;
   static constexpr int kWarpBytes = kWarpKBytes + kWarpVBytes;  // a warp's block of one stage
   static constexpr int kStageBytes = WARPS * kWarpBytes;
   static constexpr int kPipeBytes = STAGES * kStageBytes;
   static constexpr int kBigBytes = kPipeBytes > Base::kMergeBytes ? kPipeBytes : Base::kMergeBytes;
   static constexpr int kQOffset = kBigBytes;
-  static constexpr int kBarOffset = kQOffset + 16 * kPitchQ;
+  static constexpr int kBarOffset = kQOffset + Base::kQBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + STAGES * WARPS * 8;
-  static_assert(kSmemBytes == tma_smem_bytes(DQK, DVO, STAGES, WARPS), "host and device agree");
+  static_assert(kSmemBytes == tma_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes), "host and device agree");
   static_assert(kWarpBytes % 1024 == 0 && kBarOffset % 8 == 0, "1024-byte aligned boxes; aligned barriers");
 
   static __device__ void run_item(const DecodeParams& p, char* smem_raw, const DeviceDecodeItem& item) {
@@ -89,11 +91,11 @@ struct DecodeTmaKernel {
     // 0-15) or V (16-31).
     const int row = lane % 16;
     const bool is_v = lane >= 16;
-    const char* src_head = is_v ? static_cast<const char*>(p.v) + item.kv_head * p.v_stride_head * 2
-                                : static_cast<const char*>(p.k) + item.kv_head * p.k_stride_head * 2;
+    const char* src_head = is_v ? static_cast<const char*>(p.v) + item.kv_head * p.v_stride_head * kKVBytes
+                                : static_cast<const char*>(p.k) + item.kv_head * p.k_stride_head * kKVBytes;
     const int64_t stride_page = is_v ? p.v_stride_page : p.k_stride_page;
     const int64_t stride_token = is_v ? p.v_stride_token : p.k_stride_token;
-    const int row_chunks = (is_v ? DVO : DQK) * 2 / 16;
+    const int row_chunks = (is_v ? DVO : DQK) * kKVBytes / 16;
     const uint32_t bars = smem_addr(smem + kBarOffset);  // barrier of (stage s, warp w): bars + 8 (s W + w)
     const bool token_dim1 = p.tma_token_dim == 1;
     uint32_t generic_stages = 0;  // bit s: stage s was last filled through the generic proxy
@@ -135,16 +137,16 @@ struct DecodeTmaKernel {
           const int tok_in_page = tok0 % ps;
           const int c1 = token_dim1 ? tok_in_page : item.kv_head, c2 = token_dim1 ? item.kv_head : tok_in_page;
 #pragma unroll
-          for (int b = 0; b < DQK / 64; ++b)
-            tensor_copy_4d(smem_addr(block + b * kBoxBytes), &p.k_map, b * 64, c1, c2, page0, bar);
+          for (int b = 0; b < DQK / kBoxDims; ++b)
+            tensor_copy_4d(smem_addr(block + b * kBoxBytes), &p.k_map, b * kBoxDims, c1, c2, page0, bar);
 #pragma unroll
-          for (int b = 0; b < DVO / 64; ++b)
-            tensor_copy_4d(smem_addr(block + kWarpKBytes + b * kBoxBytes), &p.v_map, b * 64, c1, c2, page0, bar);
+          for (int b = 0; b < DVO / kBoxDims; ++b)
+            tensor_copy_4d(smem_addr(block + kWarpKBytes + b * kBoxBytes), &p.v_map, b * kBoxDims, c1, c2, page0, bar);
         }
       } else {
         const int32_t tok = tok0 + row;
         const bool valid = page >= 0;
-        const char* src = valid ? src_head + (stride_page * page + stride_token * int64_t(tok % ps)) * 2 : src_head;
+        const char* src = valid ? src_head + (stride_page * page + stride_token * int64_t(tok % ps)) * kKVBytes : src_head;
         char* dst = block + (is_v ? kWarpKBytes : 0);
         for (int c = 0; c < row_chunks; ++c)
           cp_async_16(dst + Base::swizzled_offset(row, c * 16), src + c * 16, valid);
