@@ -46,7 +46,13 @@ TEST(DecodeConfig, TensorCoresForHalfPrecisionKVWithMatchingQAndForFp8KV) {
 
 TEST(DecodeConfig, HeadsPerCtaDividesTheGroup) {
   EXPECT_EQ(decode_choice(DType::f16, DType::f16, DType::f16, 64, 64, 7, 16, 0).heads_per_cta, 7);
-  EXPECT_EQ(decode_choice(DType::f16, DType::f16, DType::f16, 64, 64, 32, 16, 0).heads_per_cta, 16);
+  // Tensor cores take up to 32 heads (two M tiles) where head_dim_vo <= 128, 16 above.
+  EXPECT_EQ(decode_choice(DType::f16, DType::f16, DType::f16, 64, 64, 32, 16, 0).heads_per_cta, 32);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 64, 16, 0).heads_per_cta, 32);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 24, 16, 0).heads_per_cta, 24);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 20, 16, 0).heads_per_cta, 20);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 256, 256, 32, 16, 0).heads_per_cta, 16);
+  EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 48, 16, 0).heads_per_cta, 24);
   EXPECT_EQ(decode_choice(DType::f16, DType::f32, DType::f16, 64, 64, 12, 16, 0).heads_per_cta, 6);
   EXPECT_EQ(decode_choice(DType::f16, DType::f32, DType::f16, 64, 64, 1, 16, 0).heads_per_cta, 1);
 }
@@ -101,6 +107,32 @@ TEST(DecodeConfig, Fp8KVTakesTheBulkAndTmaKernelsOnSm90) {
   EXPECT_EQ(decode_smem_bytes(ampere), 2 * 64 * 288 + 16 * 272 + 128 + 3 * 65 * 4);
   DecodeKernelEnv transposed("transposed");
   EXPECT_FALSE(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, false).transposed);
+}
+
+// Two M tiles (17-32 heads per CTA) on every tensor-core family: the shared memory holds 32 q rows
+// and each warp's 32 merge rows; the TMA kernel keeps 4 warps and 3 stages (two CTAs per SM).
+TEST(DecodeConfig, LargeGroupsTakeTwoMTiles) {
+  DecodeKernelEnv stages(nullptr, "KVATTN_DECODE_BULK_STAGES");
+  DecodeKernelEnv grid(nullptr, "KVATTN_DECODE_GRID");
+  DecodeKernelEnv env(nullptr);
+  auto mqa = decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 32, 16, 0, true);
+  EXPECT_TRUE(mqa.tma);
+  EXPECT_EQ(mqa.heads_per_cta, 32);
+  EXPECT_EQ(mqa.threads, 128);
+  EXPECT_EQ(mqa.stages, 3);
+  EXPECT_EQ(mqa.name(), "decode_mma_bf16_hd128_g32_p16_f0_tma");
+  // 1 KB slack + 3 x 4 warps x 16 x 512 bytes (> the 4 x 32 x 130 x 4 of the merge) + q 32 x 272 + 12 barriers.
+  EXPECT_EQ(decode_smem_bytes(mqa), 1024 + 3 * 4 * 16 * 512 + 32 * 272 + 96);
+  EXPECT_LE(2 * (decode_smem_bytes(mqa) + 1024), 228 * 1024);
+  auto fp8 = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 32, 16, 0, true);
+  // fp8 stages are smaller than the merge buffers: 4 x 32 x (128 + 2) x 4; q and its 2 x 32 scales.
+  EXPECT_EQ(decode_smem_bytes(fp8), 1024 + 4 * 32 * 130 * 4 + 32 * 272 + 2 * 32 * 4 + 96);
+  auto ampere = decode_choice(DType::f16, DType::f16, DType::f16, 128, 128, 32, 16, 0, false);
+  EXPECT_EQ(decode_smem_bytes(ampere), 2 * 64 * 544 + 32 * 272 + 3 * 65 * 4);
+  {
+    DecodeKernelEnv transposed("transposed");
+    EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 32, 16, 0).heads_per_cta, 16);
+  }
 }
 
 TEST(DecodeConfig, EnvSelectsTheTransposedTensorCoreKernel) {

@@ -256,6 +256,53 @@ TEST(GpuDecode, Fp8OnTensorCores) {
   run_variant_cases(variants, DType::f16, {DType::e4m3});
 }
 
+// Groups of 17-64 query heads per KV head (MQA, large GQA groups) on the two-M-tile kernels (up
+// to 32 heads per CTA, head_dim_vo <= 128): 20, 24 and 32 heads (padded rows in the second tile), 64
+// (two head chunks); bf16, f16 and fp8 K/V; pages 1 (row copies), 16 (TMA boxes) and 5 in both
+// layouts; the cp.async kernel (KVATTN_DECODE_KERNEL=mma); split chunks; the variants.
+TEST(GpuDecode, LargeGroupsOnTwoMTiles) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    DType q, kv;
+    int group, hd, page_size;
+  };
+  for (const char* kernel : {"decode", "mma"}) {
+    ScopedOverride env("KVATTN_DECODE_KERNEL", kernel);
+    SCOPED_TRACE(std::string("KVATTN_DECODE_KERNEL=") + kernel);
+    for (const Shape& sh : {Shape{DType::bf16, DType::bf16, 32, 128, 16}, Shape{DType::f16, DType::f16, 24, 64, 1},
+                            Shape{DType::bf16, DType::e4m3, 32, 128, 16}, Shape{DType::bf16, DType::e5m2, 20, 80, 5},
+                            Shape{DType::f16, DType::e4m3, 64, 128, 1}, Shape{DType::bf16, DType::bf16, 64, 64, 32}}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(sh.q, sh.kv);
+      c.lens = lens_of(rng, 3, 0, 900);
+      c.lens.push_back({1, 2500});
+      c.num_kv_heads = sh.group == 64 ? 1 : 2;
+      c.num_qo_heads = c.num_kv_heads * sh.group;
+      c.head_dim_qk = sh.hd;
+      c.page_size = sh.page_size;
+      c.layout = sh.page_size == 16 ? KVLayout::HND : KVLayout::NHD;
+      c.device_page_table = sh.page_size != 5;
+      if (sh.page_size == 32) c.scheduler.fixed_split_size = 128;
+      run_gpu_decode_case(c, rng);
+    }
+  }
+  const kvattn::Variant variants[] = {
+      kvattn::variants::sliding_window(40), kvattn::variants::soft_cap(5.0f), kvattn::variants::alibi(),
+      kvattn::variants::sigmoid(-1.0f), kvattn::Variant{}.with_sm_scale(0.3f).with_scales(1.5f, 0.5f, 2.0f)};
+  for (const auto& v : variants)
+    for (DType kv : {DType::bf16, DType::e4m3}) {
+      KVATTN_CASE_RNG(rng);
+      AttnCase c = gpu_case(DType::bf16, kv);
+      c.lens = lens_of(rng, 3, 0, 400);
+      c.num_qo_heads = 64;
+      c.num_kv_heads = 2;
+      c.head_dim_qk = 128;
+      c.variant = v;
+      SCOPED_TRACE(v.describe());
+      run_gpu_decode_case(c, rng);
+    }
+}
+
 TEST(GpuDecode, SkewedBatches) {
   SKIP_WITHOUT_GPU();
   for (DType kv : {DType::bf16, DType::f16})

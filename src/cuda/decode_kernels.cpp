@@ -57,10 +57,6 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
   const bool fp8_kv = kv == DType::e4m3 || kv == DType::e5m2;
   const bool two_byte_q = q == DType::f16 || q == DType::bf16;
   c.tensor_cores = ((kv == q && two_byte_q) || (fp8_kv && two_byte_q)) && !(features & kernels::kRope);
-  const int max_heads = c.tensor_cores ? 16 : 8;
-  c.heads_per_cta = 1;
-  for (int g = 1; g <= max_heads && g <= group; ++g)
-    if (group % g == 0) c.heads_per_cta = g;
   c.stages = 2;
   c.threads = 128;
   // One CTA per item measured faster than persistent workers on the H200 (docs/DECISIONS.md).
@@ -74,6 +70,14 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
                                         : ov.decode_kernel.value_or(DecodeKernelChoice::decode);
   const bool own_choice = kernel == DecodeKernelChoice::decode;
   c.transposed = c.tensor_cores && !fp8_kv && kernel == DecodeKernelChoice::transposed;  // 2-byte K/V only
+  // Query heads per CTA: the largest divisor of the group up to the kernel's rows. The tensor-core
+  // kernels take two 16-row M tiles (17-32 heads: MQA and large groups read each KV byte once per
+  // 32 heads, not per 16) where the accumulators fit (head_dim_vo <= 128); the transposed kernel
+  // takes 16.
+  const int max_heads = !c.tensor_cores ? 8 : (c.transposed || dvo > 128) ? 16 : 32;
+  c.heads_per_cta = 1;
+  for (int g = 1; g <= max_heads && g <= group; ++g)
+    if (group % g == 0) c.heads_per_cta = g;
   c.bulk = c.tensor_cores && limits.has_bulk_copies() && (own_choice || kernel == DecodeKernelChoice::bulk);
   // TMA boxes of 16 tokens x 128 bytes: pages of whole boxes, head dims of whole 128-byte rows. A
   // sliding window starts its range at kv_len - 1 - window_left, off the 16-token grid, so every
@@ -103,14 +107,16 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {
   const int kv_bytes = int(dtype_size(c.kv_dtype));
+  const int m_tiles = (c.heads_per_cta + 15) / 16;
+  const int warps = c.threads / 32;
   if (c.tensor_cores && c.bulk && c.tma)
-    return kernels::decode::tma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32, kv_bytes);
+    return kernels::decode::tma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, warps, kv_bytes, m_tiles);
   if (c.tensor_cores && c.bulk)
-    return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32, kv_bytes);
+    return kernels::decode::bulk_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, warps, kv_bytes, m_tiles);
   if (c.tensor_cores && c.transposed)
-    return kernels::decode::mma_t_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32);
+    return kernels::decode::mma_t_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, warps);
   if (c.tensor_cores)
-    return kernels::decode::mma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, c.threads / 32, kv_bytes);
+    return kernels::decode::mma_smem_bytes(c.head_dim_qk, c.head_dim_vo, c.stages, warps, kv_bytes, m_tiles);
   return kernels::decode::simt_smem_bytes(int(dtype_size(c.kv_dtype)), c.head_dim_qk, c.head_dim_vo,
                                           c.heads_per_cta, c.tile_tokens, c.stages, c.threads);
 }

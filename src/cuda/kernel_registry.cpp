@@ -96,7 +96,7 @@ std::vector<RegisteredKernel> rope_kernels(bool all) {
 }
 
 // Decode kernels a serving deployment of common models uses: f16/bf16 and fp8 KV (tensor cores;
-// fused RoPE on CUDA cores), head dims 64/128/256, GQA groups 1/4/8, page 16, plain, soft-capped and
+// fused RoPE on CUDA cores), head dims 64/128/256, GQA groups 1/4/8 and 32 (MQA), page 16, plain, soft-capped and
 // windowed logits.
 std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
   std::vector<RegisteredKernel> out;
@@ -117,6 +117,9 @@ std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
   for (DType t : {DType::bf16, DType::f16})
     for (int hd : {64, 128, 256})
       for (int group : {1, 4, 8}) add(t, t, hd, group, 0);
+  // MQA and large groups: 32 heads per CTA (two M tiles).
+  add(DType::bf16, DType::bf16, 128, 32, 0);
+  add(DType::bf16, DType::e4m3, 128, 32, 0);
   add(DType::bf16, DType::bf16, 128, 4, kernels::kSoftCap);
   add(DType::bf16, DType::bf16, 128, 4, kernels::kSlidingWindow);
   for (int group : {1, 4, 8}) add(DType::bf16, DType::e4m3, 128, group, 0);

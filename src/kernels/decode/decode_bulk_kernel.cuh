@@ -106,7 +106,7 @@ struct DecodeBulkKernel {
   static constexpr int kQOffset = kBigBytes;
   static constexpr int kBarOffset = kQOffset + Base::kQBytes;
   static constexpr int kSmemBytes = kBarOffset + STAGES * WARPS * 8;
-  static_assert(kSmemBytes == bulk_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes), "host and device agree");
+  static_assert(kSmemBytes == bulk_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes, Base::kMTiles), "host and device agree");
   static_assert(kStageBytes == Base::kStageBytes, "the stage layout is DecodeMmaKernel's");
   static_assert(kPitchK % 16 == 0 && kPitchV % 16 == 0 && kStageBytes % 16 == 0 && kRowBytesK % 16 == 0 &&
                     kRowBytesV % 16 == 0 && kBarOffset % 8 == 0,
@@ -182,8 +182,8 @@ struct DecodeBulkKernel {
     __syncthreads();
     uint32_t qfrag[Base::kQInRegisters ? DQK / 16 : 1][4];
     Base::load_q_fragments(qs, qfrag);
-    float m[2], d[2], acc[DVO / 8][4];
-    Base::reset_state(m, d, acc);
+    typename Base::State st;
+    Base::reset_state(st);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       // Refill the stage read last round with tile + STAGES - 1, then start the ids of the next one.
@@ -196,13 +196,13 @@ struct DecodeBulkKernel {
       const char* ks_base = smem + stage * kStageBytes + warp * 16 * kPitchK;
       const char* vs_base = smem + stage * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
       const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
-      Base::tile_math(p, item, ks_base, vs_base, qfrag, qs, tok0, head0, kv_len, m, d, acc);
+      Base::tile_math(p, item, ks_base, vs_base, qfrag, qs, tok0, head0, kv_len, st);
     }
     // Every warp has waited for every tile it issued, so no copy is in flight: the stages may be
     // reused as the merge buffers and the barriers invalidated.
     const bool poisoned = __syncthreads_or(bad);
     if (threadIdx.x < STAGES * WARPS) mbar_inval(bars + 8 * threadIdx.x);
-    Base::merge_and_store(p, smem, item, head0, group, m, d, acc, poisoned);
+    Base::merge_and_store(p, smem, item, head0, group, st, poisoned);
     // The merge buffers were written through the generic proxy; a persistent worker's next item
     // bulk-copies into the same bytes (after run_worker's __syncthreads).
     fence_proxy_async_smem();

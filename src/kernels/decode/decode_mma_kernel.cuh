@@ -48,7 +48,12 @@ struct DecodeMmaKernel {
   static constexpr bool kScaledQ = kFp8 && QDT != kF16;
   static_assert(FEATURES != kDynamicFeatures && !(FEATURES & kRope) && !(FEATURES & kCustomMask),
                 "fused RoPE and custom masks run on the CUDA-core decode kernel");
-  static_assert(GH >= 1 && GH <= 16 && DQK % 16 == 0 && DVO % 16 == 0, "shape");
+  static_assert(GH >= 1 && GH <= 32 && DQK % 16 == 0 && DVO % 16 == 0, "shape");
+  // The group's heads in 16-row M tiles: two for 17-32 heads (each warp then runs both on the same
+  // K/V fragments, so the KV head is read once for all of them; q from shared memory).
+  static constexpr int kMTiles = (GH + 15) / 16;
+  static constexpr int kRows = kMTiles * 16;
+  static_assert(kMTiles == 1 || DVO <= 128, "two M tiles hold DVO / 2 accumulators per thread each");
   static constexpr int kThreads = WARPS * 32;
   static constexpr int kTile = WARPS * 16;
   static constexpr int kPitchK = ((DQK * kKVBytes / 16) | 1) * 16;  // bytes; odd 16-byte multiple
@@ -56,13 +61,13 @@ struct DecodeMmaKernel {
   static constexpr int kPitchQ = ((DQK * 2 / 16) | 1) * 16;  // q in the MMA type
   static constexpr int kChunksK = DQK * kKVBytes / 16, kChunksV = DVO * kKVBytes / 16;
   // fp8: after q's rows, each row's logit scale (2^-k) and q scale (2^k); q_bytes of smem_layout.
-  static constexpr int kQBytes = mma_q_bytes(DQK, kKVBytes);
-  static constexpr bool kQInRegisters = DQK <= 128;
+  static constexpr int kQBytes = mma_q_bytes(DQK, kKVBytes, kMTiles);
+  static constexpr bool kQInRegisters = DQK <= 128 && kMTiles == 1;
   static constexpr float kLog2e = 1.4426950408889634f;
 
   static constexpr int kStageBytes = kTile * (kPitchK + kPitchV);
   static constexpr int kPipeBytes = STAGES * kStageBytes;
-  static constexpr int kMergeBytes = WARPS * 16 * (DVO + 2) * 4;
+  static constexpr int kMergeBytes = mma_merge_bytes(DVO, WARPS, kMTiles);
   static constexpr int kBigBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
 
   // Page ids of a tile live in a shared ring of kRing slots, fetched one tile ahead of the data
@@ -72,7 +77,13 @@ struct DecodeMmaKernel {
   static constexpr int kRingBytes = kRing * kIdsPerTile * 4;
   static constexpr int kSmemBytes = kBigBytes + kQBytes + kRingBytes;
   static_assert(kStageBytes == mma_stage_bytes(DQK, DVO, WARPS, kKVBytes), "host and device agree");
-  static_assert(kSmemBytes == mma_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes), "host and device agree");
+  static_assert(kSmemBytes == mma_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes, kMTiles), "host and device agree");
+
+  // A warp's online-softmax state: per M tile, the max and weight sum of its two fragment rows
+  // (g and g + 8) and the unnormalised O rows.
+  struct State {
+    float m[kMTiles][2], d[kMTiles][2], acc[kMTiles][DVO / 8][4];
+  };
 
   static __device__ __forceinline__ int page_size(const DecodeParams& p) {
     return PAGE > 0 ? PAGE : p.page_size;
@@ -141,19 +152,19 @@ struct DecodeMmaKernel {
   }
   // Each row's scale of the logits: sm_scale, or for fp8 K/V sm_scale times the row's 2^-k.
   static __device__ __forceinline__ const float* row_logit_scales(const char* qs) {
-    return reinterpret_cast<const float*>(qs + 16 * kPitchQ);
+    return reinterpret_cast<const float*>(qs + kRows * kPitchQ);
   }
 
-  // q rows [16][DQK] in the MMA type at `qs` (pitch kPitchQ); rows past GH are zero. The caller
+  // q rows [kRows][DQK] in the MMA type at `qs` (pitch kPitchQ); rows past GH are zero. The caller
   // synchronises before the rows are read. For fp8 K/V also each row's logit scale (bf16 q: the
   // power of two 2^k that puts the row's largest magnitude in [2^14, 2^15) multiplies the row, and
   // 2^-k goes to the logits; a zero or non-finite maximum keeps k = 0).
   static __device__ __forceinline__ void stage_q(const DecodeParams& p, char* qs, const DeviceDecodeItem& item,
                                                  int head0) {
-    [[maybe_unused]] float* scales = reinterpret_cast<float*>(qs + 16 * kPitchQ);  // logit [16], q [16]
+    [[maybe_unused]] float* scales = reinterpret_cast<float*>(qs + kRows * kPitchQ);  // logit [kRows], q [kRows]
     if constexpr (kFp8) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      for (int row = warp; row < 16; row += WARPS) {
+      for (int row = warp; row < kRows; row += WARPS) {
         int k = 0;
         if constexpr (kScaledQ) {
           float mx = 0.0f;
@@ -170,12 +181,12 @@ struct DecodeMmaKernel {
         }
         if (lane == 0) {
           scales[row] = p.variant.sm_scale * __int_as_float((127 - k) << 23);
-          scales[16 + row] = __int_as_float((127 + k) << 23);
+          scales[kRows + row] = __int_as_float((127 + k) << 23);
         }
       }
       __syncthreads();  // the q scales are written before the rows below read them
     }
-    for (int i = threadIdx.x; i < 16 * DQK / 2; i += kThreads) {
+    for (int i = threadIdx.x; i < kRows * DQK / 2; i += kThreads) {
       const int row = i / (DQK / 2), e = 2 * (i % (DQK / 2));
       float x0 = 0.0f, x1 = 0.0f;
       if (row < GH) {
@@ -183,8 +194,8 @@ struct DecodeMmaKernel {
         x0 = load_as_f32<QDT>(p.q, base);
         x1 = load_as_f32<QDT>(p.q, base + 1);
         if constexpr (kScaledQ) {
-          x0 *= scales[16 + row];
-          x1 *= scales[16 + row];
+          x0 *= scales[kRows + row];
+          x1 *= scales[kRows + row];
         }
       }
       *reinterpret_cast<uint32_t*>(qs + row * kPitchQ + e * 2) = pack2<MT>(x0, x1);
@@ -202,13 +213,16 @@ struct DecodeMmaKernel {
     }
   }
   // The online-softmax state at the start of an item: no max, no weight, a zero accumulator.
-  static __device__ __forceinline__ void reset_state(float (&m)[2], float (&d)[2], float (&acc)[DVO / 8][4]) {
-    m[0] = m[1] = -INFINITY;
-    d[0] = d[1] = 0.0f;
+  static __device__ __forceinline__ void reset_state(State& st) {
 #pragma unroll
-    for (int n = 0; n < DVO / 8; ++n)
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      st.m[mt][0] = st.m[mt][1] = -INFINITY;
+      st.d[mt][0] = st.d[mt][1] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[n][j] = 0.0f;
+      for (int n = 0; n < DVO / 8; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) st.acc[mt][n][j] = 0.0f;
+    }
   }
 
   // Byte offset of (row, byte column) in a warp's block of 16 rows stored as DecodeTmaKernel's TMA
@@ -221,31 +235,42 @@ struct DecodeMmaKernel {
 
   // The math of one warp's 16 tokens of a tile, whose K rows start at ks_base and V rows at
   // vs_base: padded rows of pitch kPitchK / kPitchV, or with SWIZZLED the warp's blocks in the
-  // swizzled box layout above; tok0 is the first token. Updates the warp's online-softmax state
-  // (m, d per fragment row, acc = the unnormalised O rows). Also used by DecodeBulkKernel and
-  // DecodeTmaKernel.
+  // swizzled box layout above; tok0 is the first token. Updates the warp's online-softmax state.
+  // Each K and V fragment is loaded (and for fp8 converted) once for all M tiles. Also used by
+  // DecodeBulkKernel and DecodeTmaKernel.
   template <bool SWIZZLED = false>
   static __device__ __forceinline__ void tile_math(const DecodeParams& p, const DeviceDecodeItem& item,
                                                    const char* ks_base, const char* vs_base,
                                                    const uint32_t (&qfrag)[kQInRegisters ? DQK / 16 : 1][4],
                                                    const char* qs, int32_t tok0, int head0, int32_t kv_len,
-                                                   float (&m)[2], float (&d)[2], float (&acc)[DVO / 8][4]) {
+                                                   State& st) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;  // fragment row and column pair
     const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;
-    // S = Q K^T for this warp's 16 tokens: two n-tiles of 8 tokens.
-    float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    // S = Q K^T for this warp's 16 tokens: two n-tiles of 8 tokens per M tile.
+    float s[kMTiles][2][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[mt][n][j] = 0.0f;
     auto k_offset = [&](int row, int col_bytes) {
       return SWIZZLED ? swizzled_offset(row, col_bytes) : row * kPitchK + col_bytes;
     };
-    // S += Q[:, chunk ks] K[16 tokens, chunk ks]^T for one n-tile of 8 tokens.
-    auto qk = [&](float (&acc_s)[4], int ks, uint32_t b0, uint32_t b1) {
-      if constexpr (kQInRegisters) {
-        mma_16816<MT>(acc_s, qfrag[ks], b0, b1);
-      } else {
-        uint32_t a[4];
-        ldmatrix_x4(a, qs + q_row * kPitchQ + (ks * 16 + q_col) * 2);
-        mma_16816<MT>(acc_s, a, b0, b1);
+    // S += Q[:, chunk ks] K[16 tokens, chunk ks]^T: B registers (b0, b1) of n-tile 0 and 1.
+    auto qk = [&](int ks, uint32_t n0b0, uint32_t n0b1, uint32_t n1b0, uint32_t n1b1) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (kQInRegisters) {
+          mma_16816<MT>(s[mt][0], qfrag[ks], n0b0, n0b1);
+          mma_16816<MT>(s[mt][1], qfrag[ks], n1b0, n1b1);
+        } else {
+          uint32_t a[4];
+          ldmatrix_x4(a, qs + (mt * 16 + q_row) * kPitchQ + (ks * 16 + q_col) * 2);
+          mma_16816<MT>(s[mt][0], a, n0b0, n0b1);
+          mma_16816<MT>(s[mt][1], a, n1b0, n1b1);
+        }
       }
     };
     // Matrices of an x4 ldmatrix: tokens 0-7 then 8-15 (lane / 16), 16-byte columns 0 and 1 (lane / 8 % 2).
@@ -255,86 +280,100 @@ struct DecodeMmaKernel {
       for (int ks = 0; ks < DQK / 16; ++ks) {
         uint32_t b[4];
         ldmatrix_x4(b, ks_base + k_offset(k_row, ks * 32 + k_col_bytes));
-        qk(s[0], ks, b[0], b[1]);
-        qk(s[1], ks, b[2], b[3]);
+        qk(ks, b[0], b[1], b[2], b[3]);
       }
     } else {
-      // Each 16-byte column is a 16-dim chunk: an x4 covers chunks ks and ks + 1 of both n-tiles.
+      // Each 16-byte column is a 16-dim chunk: an x4 covers chunks ks and ks + 1 of both n-tiles;
+      // a register's bytes 0-1 are B's first register, bytes 2-3 its second (the header).
+#define KVATTN_FP8_B(r) fp8_pair_to_f16x2<DT, 0, 1>(r), fp8_pair_to_f16x2<DT, 2, 3>(r)
 #pragma unroll
       for (int ks = 0; ks + 1 < DQK / 16; ks += 2) {
         uint32_t r[4];
         ldmatrix_x4(r, ks_base + k_offset(k_row, ks * 16 + k_col_bytes));
-        qk(s[0], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[0]), fp8_pair_to_f16x2<DT, 2, 3>(r[0]));
-        qk(s[0], ks + 1, fp8_pair_to_f16x2<DT, 0, 1>(r[1]), fp8_pair_to_f16x2<DT, 2, 3>(r[1]));
-        qk(s[1], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[2]), fp8_pair_to_f16x2<DT, 2, 3>(r[2]));
-        qk(s[1], ks + 1, fp8_pair_to_f16x2<DT, 0, 1>(r[3]), fp8_pair_to_f16x2<DT, 2, 3>(r[3]));
+        qk(ks, KVATTN_FP8_B(r[0]), KVATTN_FP8_B(r[2]));
+        qk(ks + 1, KVATTN_FP8_B(r[1]), KVATTN_FP8_B(r[3]));
       }
       if constexpr (DQK / 16 % 2 == 1) {  // the last chunk alone: tokens 0-7 and 8-15 (lanes 0-15)
         constexpr int ks = DQK / 16 - 1;
         uint32_t r[2];
         ldmatrix_x2(r, ks_base + k_offset(lane % 16, ks * 16));
-        qk(s[0], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[0]), fp8_pair_to_f16x2<DT, 2, 3>(r[0]));
-        qk(s[1], ks, fp8_pair_to_f16x2<DT, 0, 1>(r[1]), fp8_pair_to_f16x2<DT, 2, 3>(r[1]));
+        qk(ks, KVATTN_FP8_B(r[0]), KVATTN_FP8_B(r[1]));
       }
+#undef KVATTN_FP8_B
     }
-    float logit_scale[2] = {p.variant.sm_scale, p.variant.sm_scale};
-    if constexpr (kFp8) {
-      logit_scale[0] = row_logit_scales(qs)[g];
-      logit_scale[1] = row_logit_scales(qs)[g + 8];
-    }
-    // Variant: mask and logit transform per element; rows past GH are padding.
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    const bool softmax_on = Variant::use_softmax(p.variant);
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int row = g + (j >= 2 ? 8 : 0);
-        const int32_t tok = tok0 + n * 8 + 2 * t4 + (j & 1);
-        float x = -INFINITY;
-        if (row < GH && tok < item.kv_end) {
-          LogitCoord c{item.request, head0 + row, 0, tok, kv_len - 1, tok, kv_len};
-          if (Variant::logits_mask(p.variant, c))
-            x = Variant::logits_transform(p.variant, logit_scale[j / 2] * s[n][j], c) * kLog2e;
-        }
-        s[n][j] = x;
-        tile_max[j / 2] = fmaxf(tile_max[j / 2], x);
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      float logit_scale[2] = {p.variant.sm_scale, p.variant.sm_scale};
+      if constexpr (kFp8) {
+        logit_scale[0] = row_logit_scales(qs)[mt * 16 + g];
+        logit_scale[1] = row_logit_scales(qs)[mt * 16 + g + 8];
       }
-    if (Variant::use_softmax(p.variant)) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = fmaxf(m[r], tile_max[r]);
-        const float scale = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new);
-        d[r] *= scale;
-        // The running max of a row rarely moves after the first tiles: skip the DVO / 4 multiplies
-        // of the accumulator unless some row of the warp moved (scale is exactly 1 otherwise).
-        if (__any_sync(0xffffffffu, scale != 1.0f)) {
-#pragma unroll
-          for (int n = 0; n < DVO / 8; ++n) {
-            acc[n][2 * r] *= scale;
-            acc[n][2 * r + 1] *= scale;
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int j = 2 * r; j < 2 * r + 2; ++j) {
-            s[n][j] = m_new == -INFINITY ? 0.0f : exp2f(s[n][j] - m_new);
-            d[r] += s[n][j];
-          }
-        m[r] = m_new;
-      }
-    } else {
+      // Variant: mask and logit transform per element; rows past GH are padding.
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          s[n][j] = s[n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[n][j] / kLog2e);
+        for (int j = 0; j < 4; ++j) {
+          const int row = mt * 16 + g + (j >= 2 ? 8 : 0);
+          const int32_t tok = tok0 + n * 8 + 2 * t4 + (j & 1);
+          float x = -INFINITY;
+          if (row < GH && tok < item.kv_end) {
+            LogitCoord c{item.request, head0 + row, 0, tok, kv_len - 1, tok, kv_len};
+            if (Variant::logits_mask(p.variant, c))
+              x = Variant::logits_transform(p.variant, logit_scale[j / 2] * s[mt][n][j], c) * kLog2e;
+          }
+          s[mt][n][j] = x;
+          tile_max[j / 2] = fmaxf(tile_max[j / 2], x);
+        }
+      if (softmax_on) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          const float m_new = fmaxf(st.m[mt][r], tile_max[r]);
+          const float scale = m_new == -INFINITY ? 1.0f : exp2f(st.m[mt][r] - m_new);
+          st.d[mt][r] *= scale;
+          // The running max of a row rarely moves after the first tiles: skip the DVO / 4 multiplies
+          // of the accumulator unless some row of the warp moved (scale is exactly 1 otherwise).
+          if (__any_sync(0xffffffffu, scale != 1.0f)) {
+#pragma unroll
+            for (int n = 0; n < DVO / 8; ++n) {
+              st.acc[mt][n][2 * r] *= scale;
+              st.acc[mt][n][2 * r + 1] *= scale;
+            }
+          }
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int j = 2 * r; j < 2 * r + 2; ++j) {
+              s[mt][n][j] = m_new == -INFINITY ? 0.0f : exp2f(s[mt][n][j] - m_new);
+              st.d[mt][r] += s[mt][n][j];
+            }
+          st.m[mt][r] = m_new;
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            s[mt][n][j] = s[mt][n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[mt][n][j] / kLog2e);
+      }
     }
-    // O += P V, P as the A fragment (16 heads x 16 tokens).
-    uint32_t pa[4] = {pack2<MT>(s[0][0], s[0][1]), pack2<MT>(s[0][2], s[0][3]),
-                      pack2<MT>(s[1][0], s[1][1]), pack2<MT>(s[1][2], s[1][3])};
+    // O += P V, P as the A fragment (16 heads x 16 tokens) of each M tile.
+    uint32_t pa[kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      pa[mt][0] = pack2<MT>(s[mt][0][0], s[mt][0][1]);
+      pa[mt][1] = pack2<MT>(s[mt][0][2], s[mt][0][3]);
+      pa[mt][2] = pack2<MT>(s[mt][1][0], s[mt][1][1]);
+      pa[mt][3] = pack2<MT>(s[mt][1][2], s[mt][1][3]);
+    }
+    // acc[n] += P B for B registers (b0, b1), every M tile.
+    auto pv = [&](int n, uint32_t b0, uint32_t b1) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) mma_16816<MT>(st.acc[mt][n], pa[mt], b0, b1);
+    };
     auto v_offset = [&](int row, int col_bytes) {
       return SWIZZLED ? swizzled_offset(row, col_bytes) : row * kPitchV + col_bytes;
     };
@@ -345,28 +384,28 @@ struct DecodeMmaKernel {
       for (int dn = 0; dn < DVO / 16; ++dn) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, vs_base + v_offset(v_row, dn * 32 + v_col_bytes));
-        mma_16816<MT>(acc[2 * dn], pa, b[0], b[1]);
-        mma_16816<MT>(acc[2 * dn + 1], pa, b[2], b[3]);
+        pv(2 * dn, b[0], b[1]);
+        pv(2 * dn + 1, b[2], b[3]);
       }
     } else {
       // A register of tokens (2t, 2t+1) x dims (2g, 2g+1): bytes 0 and 2 are the even dim's pair of
-      // tokens, bytes 1 and 3 the odd dim's (the header's V permutation).
-      auto pv = [&](int c, uint32_t lo_tokens, uint32_t hi_tokens) {
-        mma_16816<MT>(acc[2 * c], pa, fp8_pair_to_f16x2<DT, 0, 2>(lo_tokens), fp8_pair_to_f16x2<DT, 0, 2>(hi_tokens));
-        mma_16816<MT>(acc[2 * c + 1], pa, fp8_pair_to_f16x2<DT, 1, 3>(lo_tokens), fp8_pair_to_f16x2<DT, 1, 3>(hi_tokens));
+      // tokens, bytes 1 and 3 the odd dim's (the header's V permutation): chunk c's n-tiles 2c, 2c + 1.
+      auto pv_chunk = [&](int c, uint32_t lo_tokens, uint32_t hi_tokens) {
+        pv(2 * c, fp8_pair_to_f16x2<DT, 0, 2>(lo_tokens), fp8_pair_to_f16x2<DT, 0, 2>(hi_tokens));
+        pv(2 * c + 1, fp8_pair_to_f16x2<DT, 1, 3>(lo_tokens), fp8_pair_to_f16x2<DT, 1, 3>(hi_tokens));
       };
 #pragma unroll
       for (int c = 0; c + 1 < DVO / 16; c += 2) {
         uint32_t r[4];
         ldmatrix_x4_trans(r, vs_base + v_offset(v_row, c * 16 + v_col_bytes));
-        pv(c, r[0], r[1]);
-        pv(c + 1, r[2], r[3]);
+        pv_chunk(c, r[0], r[1]);
+        pv_chunk(c + 1, r[2], r[3]);
       }
       if constexpr (DVO / 16 % 2 == 1) {  // the last chunk alone: tokens 0-7 and 8-15 (lanes 0-15)
         constexpr int c = DVO / 16 - 1;
         uint32_t r[2];
         ldmatrix_x2_trans(r, vs_base + v_offset(lane % 16, c * 16));
-        pv(c, r[0], r[1]);
+        pv_chunk(c, r[0], r[1]);
       }
     }
   }
@@ -375,39 +414,42 @@ struct DecodeMmaKernel {
   // done with them) and writes the rows out, or a split row's partial state to the workspace.
   static __device__ __forceinline__ void merge_and_store(const DecodeParams& p, char* smem,
                                                          const DeviceDecodeItem& item, int head0, int group,
-                                                         float (&m)[2], float (&d)[2],
-                                                         float (&acc)[DVO / 8][4], bool poisoned) {
+                                                         State& st, bool poisoned) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t4 = lane % 4;
-    // Merge the warps' states: per warp m[16], d[16], acc[16][DVO] in shared memory, of which
-    // only the GH real rows are written and read (the M tile's other rows are padding; with a
+    // Merge the warps' states: per warp m[kRows], d[kRows], acc[kRows][DVO] in shared memory, of
+    // which only the GH real rows are written and read (the M tile's other rows are padding; with a
     // group of 4 that is a quarter of the stores).
     float* mw = reinterpret_cast<float*>(smem);
-    float* dw = mw + WARPS * 16;
-    float* aw = dw + WARPS * 16;
+    float* dw = mw + WARPS * kRows;
+    float* aw = dw + WARPS * kRows;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (8 * r >= GH) break;  // rows 8-15 hold no head (a compile-time test)
-      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
-      d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
-      const int row = g + 8 * r;
-      if (row >= GH) continue;
-      if (t4 == 0) {
-        mw[warp * 16 + row] = m[r];
-        dw[warp * 16 + row] = d[r];
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (16 * mt + 8 * r >= GH) break;  // rows that hold no head (a compile-time test)
+        float (&d)[2] = st.d[mt];
+        const float (&acc)[DVO / 8][4] = st.acc[mt];
+        d[r] += __shfl_xor_sync(0xffffffffu, d[r], 1);
+        d[r] += __shfl_xor_sync(0xffffffffu, d[r], 2);
+        const int row = 16 * mt + g + 8 * r;
+        if (row >= GH) continue;
+        if (t4 == 0) {
+          mw[warp * kRows + row] = st.m[mt][r];
+          dw[warp * kRows + row] = d[r];
+        }
+        float* out_row = aw + (warp * kRows + row) * DVO;
+        if constexpr (kFp8) {  // acc[2c] holds dims 16c + 4t and + 2, acc[2c + 1] + 1 and + 3
+#pragma unroll
+          for (int c = 0; c < DVO / 16; ++c)
+            *reinterpret_cast<float4*>(out_row + c * 16 + 4 * t4) =
+                make_float4(acc[2 * c][2 * r], acc[2 * c + 1][2 * r], acc[2 * c][2 * r + 1], acc[2 * c + 1][2 * r + 1]);
+        } else {
+#pragma unroll
+          for (int n = 0; n < DVO / 8; ++n)
+            *reinterpret_cast<float2*>(out_row + n * 8 + 2 * t4) = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+        }
       }
-      if constexpr (kFp8) {  // acc[2c] holds dims 16c + 4t and + 2, acc[2c + 1] + 1 and + 3
-#pragma unroll
-        for (int c = 0; c < DVO / 16; ++c)
-          *reinterpret_cast<float4*>(aw + (warp * 16 + row) * DVO + c * 16 + 4 * t4) =
-              make_float4(acc[2 * c][2 * r], acc[2 * c + 1][2 * r], acc[2 * c][2 * r + 1], acc[2 * c + 1][2 * r + 1]);
-      } else {
-#pragma unroll
-        for (int n = 0; n < DVO / 8; ++n)
-          *reinterpret_cast<float2*>(aw + (warp * 16 + row) * DVO + n * 8 + 2 * t4) =
-              make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
-      }
-    }
     __syncthreads();
     const bool softmax_on = Variant::use_softmax(p.variant);
     // Four consecutive elements of one row per thread: one round for a group of 4 at DVO 128.
@@ -415,17 +457,17 @@ struct DecodeMmaKernel {
       const int row = i / (DVO / 4), e = i % (DVO / 4) * 4;
       float mx = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, mw[w * 16 + row]);
+      for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, mw[w * kRows + row]);
       float num[4] = {0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) {
-        const float4 x4 = *reinterpret_cast<const float4*>(aw + (w * 16 + row) * DVO + e);
+        const float4 x4 = *reinterpret_cast<const float4*>(aw + (w * kRows + row) * DVO + e);
         const float x[4] = {x4.x, x4.y, x4.z, x4.w};
         float wt = 1.0f;  // sigmoid attention: the plain sum
         if (softmax_on) {
-          const float mwv = mw[w * 16 + row];
+          const float mwv = mw[w * kRows + row];
           wt = mwv == -INFINITY ? 0.0f : exp2f(mwv - mx);
-          den += wt * dw[w * 16 + row];
+          den += wt * dw[w * kRows + row];
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) num[j] += wt * x[j];
@@ -479,8 +521,8 @@ struct DecodeMmaKernel {
     __syncthreads();
     uint32_t qfrag[kQInRegisters ? DQK / 16 : 1][4];
     load_q_fragments(qs, qfrag);
-    float m[2], d[2], acc[DVO / 8][4];
-    reset_state(m, d, acc);
+    State st;
+    reset_state(st);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<STAGES - 2>();
@@ -499,14 +541,14 @@ struct DecodeMmaKernel {
       const char* vs_base = smem + (tile % STAGES) * kStageBytes + kTile * kPitchK + warp * 16 * kPitchV;
       const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
 
-      tile_math(p, item, ks_base, vs_base, qfrag, qs, tok0, head0, kv_len, m, d, acc);
+      tile_math(p, item, ks_base, vs_base, qfrag, qs, tok0, head0, kv_len, st);
       if (tile + STAGES < n_tiles && threadIdx.x < kIdsPerTile)
         ring[((tile + STAGES) % kRing) * kIdsPerTile + threadIdx.x] = check_page_id(p, next_pos, next_raw, bad);
     }
     cp_async_wait<0>();
     const bool poisoned = __syncthreads_or(bad);
 
-    merge_and_store(p, smem, item, head0, group, m, d, acc, poisoned);
+    merge_and_store(p, smem, item, head0, group, st, poisoned);
   }
 };
 

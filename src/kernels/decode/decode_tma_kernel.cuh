@@ -72,7 +72,7 @@ struct DecodeTmaKernel {
   static constexpr int kQOffset = kBigBytes;
   static constexpr int kBarOffset = kQOffset + Base::kQBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + STAGES * WARPS * 8;
-  static_assert(kSmemBytes == tma_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes), "host and device agree");
+  static_assert(kSmemBytes == tma_smem_bytes(DQK, DVO, STAGES, WARPS, kKVBytes, Base::kMTiles), "host and device agree");
   static_assert(kWarpBytes % 1024 == 0 && kBarOffset % 8 == 0, "1024-byte aligned boxes; aligned barriers");
 
   static __device__ void run_item(const DecodeParams& p, char* smem_raw, const DeviceDecodeItem& item) {
@@ -175,8 +175,8 @@ struct DecodeTmaKernel {
     __syncthreads();
     uint32_t qfrag[Base::kQInRegisters ? DQK / 16 : 1][4];
     Base::load_q_fragments(qs, qfrag);
-    float m[2], d[2], acc[DVO / 8][4];
-    Base::reset_state(m, d, acc);
+    typename Base::State st;
+    Base::reset_state(st);
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       // Refill the stage read last round with tile + STAGES - 1, then start the ids of the one after next.
@@ -189,14 +189,13 @@ struct DecodeTmaKernel {
       mbar_wait_parity(bars + 8 * (stage * WARPS + warp), uint32_t(tile / STAGES) & 1u);
       const char* ks_base = smem + stage * kStageBytes + warp * kWarpBytes;
       const int32_t tok0 = item.kv_begin + tile * kTile + warp * 16;
-      Base::template tile_math<true>(p, item, ks_base, ks_base + kWarpKBytes, qfrag, qs, tok0, head0, kv_len, m,
-                                     d, acc);
+      Base::template tile_math<true>(p, item, ks_base, ks_base + kWarpKBytes, qfrag, qs, tok0, head0, kv_len, st);
     }
     // Every warp has waited for every tile it issued, so no copy is in flight: the stages may be
     // reused as the merge buffers and the barriers invalidated.
     const bool poisoned = __syncthreads_or(bad);
     if (threadIdx.x < STAGES * WARPS) mbar_inval(bars + 8 * threadIdx.x);
-    Base::merge_and_store(p, smem, item, head0, group, m, d, acc, poisoned);
+    Base::merge_and_store(p, smem, item, head0, group, st, poisoned);
     // The merge buffers were written through the generic proxy; a persistent worker's next item
     // copies boxes into the same bytes (after run_worker's __syncthreads).
     fence_proxy_async_smem();
