@@ -1,7 +1,7 @@
 // Paged batch decode on tensor cores (mma.sync m16n8k16, sm_80+), for f16/bf16 KV and fp8 (e4m3,
-// e5m2) KV. One CTA runs one work item (request, KV head, KV range) for up to 16 query heads of the
-// group: the heads are the 16 rows of the MMA's A tile (padded), so each KV byte is read once for
-// all of them.
+// e5m2) KV. One CTA runs one work item (request, KV head, KV range) for up to 32 query heads of the
+// group: the heads are the rows of one or two 16-row MMA A tiles (padded), so each KV byte is read
+// once for all of them (two tiles share every K and V fragment: MQA and large groups).
 //
 // Each warp owns 16 tokens of every tile and keeps its own online-softmax state in registers
 //   S = Q K^T   A = Q (registers or shared), B = K rows via ldmatrix
