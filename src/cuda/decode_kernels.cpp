@@ -95,6 +95,19 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
     if (ov.decode_warps) c.threads = 32 * *ov.decode_warps;
   }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
+  // fp8 K/V on the bulk kernels: a stage holds half the bytes of a 2-byte one, so deeper rings
+  // (where they keep two CTAs per SM) and a split over two CTAs per SM keep as many bytes in
+  // flight as the 2-byte kernels do. Measured on the H200 (docs/DECISIONS.md, "fp8 decode"):
+  // 64 x 4096 32/8 176 -> 158 us at 5 stages, Zipf 163 -> 151 us at 4 stages and two CTAs per SM,
+  // 16 x 4096 63 -> 50 us at two CTAs per SM; one head per CTA (32/32) lost 9% at 5 stages.
+  if (c.bulk && fp8_kv) {
+    c.split_ctas_per_sm = kFp8DecodeSplitCtasPerSm;
+    if (!ov.decode_bulk_stages && (key.skewed_batch || c.heads_per_cta > 1)) {
+      const int shallow = c.stages;
+      c.stages = key.skewed_batch ? kFp8DecodeSkewedStages : kFp8DecodeStages;
+      if (decode_smem_bytes(c) > two_per_sm) c.stages = shallow;
+    }
+  }
   // Wide rows (f32 KV, head dim 256) take 32-token tiles on the CUDA-core path.
   if (!c.tensor_cores && decode_smem_bytes(c) > two_per_sm) c.tile_tokens = 32;
   // On tensor cores the same holds with two warps (32-token tiles) for head dims above 128.
@@ -171,8 +184,9 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   return spec;
 }
 
-int decode_default_workers(int sm_count, int resident_per_sm, int head_chunks, int num_kv_heads, bool persistent) {
-  const int slots_per_sm = persistent ? std::max(1, resident_per_sm) : 1;
+int decode_default_workers(int sm_count, int resident_per_sm, int split_ctas_per_sm, int head_chunks, int num_kv_heads,
+                           bool persistent) {
+  const int slots_per_sm = persistent ? std::max(1, resident_per_sm) : std::max(1, split_ctas_per_sm);
   int workers = std::max(1, sm_count * slots_per_sm / std::max(1, head_chunks));
   if (!persistent && workers >= 2 * num_kv_heads) workers -= workers % num_kv_heads;
   return workers;

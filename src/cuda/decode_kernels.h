@@ -39,6 +39,9 @@ struct DecodeKernelConfig {
   bool persistent = false;
   // L2 prefetch hint on the K/V copies, in bytes (64, 128 or 256; 0: none). A compile option.
   int l2_prefetch = 0;
+  // One CTA per item: the CTAs per SM that the planner's split-KV fills (decode_default_workers).
+  // Not part of the kernel: it shapes the plan.
+  int split_ctas_per_sm = 1;
 
   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed, "..._bulk" or "..._bulk_s<stages>"
   // when bulk, the latter for stages other than 3; "..._tma" / "..._tma_s<stages>" likewise)
@@ -85,6 +88,12 @@ inline bool decode_folds_in_kernel(const detail::Overrides& o) { return o.decode
 // the L1 (H200: 228 KB per SM; a smaller SM gets half of its own).
 inline constexpr int64_t kDecodeSmemPerCta = 110 * 1024;
 
+// fp8 K/V on the bulk-copy kernels (choose_decode says why): the ring's stages for uniform
+// batches with several heads per CTA and for skewed batches, and the CTAs per SM its split fills.
+inline constexpr int kFp8DecodeStages = 5;
+inline constexpr int kFp8DecodeSkewedStages = 4;
+inline constexpr int kFp8DecodeSplitCtasPerSm = 2;
+
 // A batch whose longest request has at least 4x the mean KV length (2 requests at least): the
 // case where more, smaller CTAs balance better than deeper pipelines stream.
 bool decode_batch_is_skewed(std::span<const int32_t> kv_len);
@@ -98,8 +107,10 @@ int decode_smem_bytes(const DecodeKernelConfig& c);
 // "Slices") when that leaves at least two per head. Why one per SM: a one-wave batch split over
 // both slots of an SM ran slower than one longer chunk per SM (H200: 16 x 4096 +8%, 16 x 512
 // +21%, 1 x 4096 with 32/32 heads +19% at one per SM; multi-wave batches unchanged;
-// 2026-11-30 at cd6e2d7, docs/perf/HISTORY.md).
-int decode_default_workers(int sm_count, int resident_per_sm, int head_chunks, int num_kv_heads, bool persistent);
+// 2026-11-30 at cd6e2d7, docs/perf/HISTORY.md). fp8 K/V streams half the bytes per CTA and fills
+// DecodeKernelConfig::split_ctas_per_sm (two) instead.
+int decode_default_workers(int sm_count, int resident_per_sm, int split_ctas_per_sm, int head_chunks, int num_kv_heads,
+                           bool persistent);
 
 // The batch of one decode plan, for the choice below (empty: no batch-dependent choice).
 struct DecodeBatchShape {

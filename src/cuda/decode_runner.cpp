@@ -119,7 +119,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   const bool fold_in_kernel = decode_folds_in_kernel(ov);
   SchedulerOptions opts = pr.scheduler;
   if (opts.num_workers <= 0)
-    opts.num_workers = decode_default_workers(dev.sm_count, per_sm, head_chunks, pr.num_kv_heads, cfg.persistent);
+    opts.num_workers = decode_default_workers(dev.sm_count, per_sm, cfg.split_ctas_per_sm, head_chunks,
+                                               pr.num_kv_heads, cfg.persistent);
   opts.slice_zero_only = true;  // the kernels repeat slice 0 (kernels/decode/persistent.cuh)
 
   PlannerInputs in;
