@@ -90,37 +90,35 @@ TEST(DecodeConfig, Fp8KVTakesTheBulkAndTmaKernelsOnSm90) {
   DecodeKernelEnv env(nullptr);
   auto c = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true);
   EXPECT_TRUE(c.tensor_cores && c.bulk && c.tma);
-  // Half the bytes per stage: 5 stages (kFp8DecodeStages), still two CTAs per SM, and a split over
-  // two CTAs per SM.
-  EXPECT_EQ(c.stages, kvattn::cuda::kFp8DecodeStages);
-  EXPECT_EQ(c.split_ctas_per_sm, 2);
-  EXPECT_EQ(c.name(), "decode_mma_e4m3_qbf16_hd128_g4_p16_f0_tma_s5");
-  // 1 KB slack + 5 stages x 4 warps x 16 x (128 + 128) bytes + q 16 x 272 + 2 x 16 row scales + 20 barriers.
-  EXPECT_EQ(decode_smem_bytes(c), 1024 + 5 * 4 * 16 * 256 + 16 * 272 + 128 + 160);
-  EXPECT_LE(2 * (decode_smem_bytes(c) + 1024), 228 * 1024);
-  // One head per CTA (32/32) keeps 3 stages (5 measured 9% slower); skewed batches take 4.
-  auto mha = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 1, 16, 0, true);
-  EXPECT_EQ(mha.stages, 3);
-  EXPECT_EQ(mha.split_ctas_per_sm, 2);
-  EXPECT_EQ(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true, true).stages,
-            kvattn::cuda::kFp8DecodeSkewedStages);
-  // Head dim 256: 5 stages would leave one CTA per SM, so 3.
-  auto hd256 = decode_choice(DType::f16, DType::e5m2, DType::f16, 256, 256, 4, 32, 0, true);
+  // Half the bytes per CTA: uniform batches keep 3 stages and split over three CTAs per SM.
+  EXPECT_EQ(c.stages, 3);
+  EXPECT_EQ(c.split_ctas_per_sm, 3);
+  EXPECT_EQ(c.name(), "decode_mma_e4m3_qbf16_hd128_g4_p16_f0_tma");
+  // 1 KB slack + 3 stages x 4 warps x 16 x (128 + 128) bytes + q 16 x 272 + 2 x 16 row scales + 12 barriers.
+  EXPECT_EQ(decode_smem_bytes(c), 1024 + 3 * 4 * 16 * 256 + 16 * 272 + 128 + 96);
+  // Skewed batches: 4 stages, two CTAs per SM.
+  auto skewed = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true, true);
+  EXPECT_EQ(skewed.stages, kvattn::cuda::kFp8DecodeSkewedStages);
+  EXPECT_EQ(skewed.split_ctas_per_sm, 2);
+  EXPECT_EQ(skewed.name(), "decode_mma_e4m3_qbf16_hd128_g4_p16_f0_tma_s4");
+  EXPECT_LE(2 * (decode_smem_bytes(skewed) + 1024), 228 * 1024);
+  // Head dim 256, skewed: 4 stages would leave one CTA per SM, so the 2-byte kernel's 2.
+  auto hd256 = decode_choice(DType::f16, DType::e5m2, DType::f16, 256, 256, 4, 32, 0, true, true);
   EXPECT_TRUE(hd256.tma);
-  EXPECT_EQ(hd256.stages, 3);
+  EXPECT_EQ(hd256.stages, 2);
   EXPECT_LE(decode_smem_bytes(hd256), kvattn::cuda::kDecodeSmemPerCta);
   // An explicit stage count wins.
   {
-    DecodeKernelEnv three("3", "KVATTN_DECODE_BULK_STAGES");
-    EXPECT_EQ(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true).stages, 3);
+    DecodeKernelEnv three("5", "KVATTN_DECODE_BULK_STAGES");
+    EXPECT_EQ(decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 4, 16, 0, true, true).stages, 5);
   }
   auto hd64 = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 64, 64, 4, 16, 0, true);
   EXPECT_TRUE(hd64.bulk && !hd64.tma);
   auto page1 = decode_choice(DType::bf16, DType::e5m2, DType::bf16, 128, 128, 4, 1, 0, true);
   EXPECT_TRUE(page1.bulk && !page1.tma);
-  EXPECT_EQ(page1.name(), "decode_mma_e5m2_qbf16_hd128_g4_p1_f0_bulk_s5");
-  // 5 stages x 64 tokens x (144 + 144) padded rows + q + row scales + 20 barriers.
-  EXPECT_EQ(decode_smem_bytes(page1), 5 * 64 * 288 + 16 * 272 + 128 + 160);
+  EXPECT_EQ(page1.name(), "decode_mma_e5m2_qbf16_hd128_g4_p1_f0_bulk");
+  // 3 stages x 64 tokens x (144 + 144) padded rows + q + row scales + 12 barriers.
+  EXPECT_EQ(decode_smem_bytes(page1), 3 * 64 * 288 + 16 * 272 + 128 + 96);
   // 2-byte K/V: one CTA per SM for the split, as measured.
   EXPECT_EQ(decode_choice(DType::bf16, DType::bf16, DType::bf16, 128, 128, 4, 16, 0, true).split_ctas_per_sm, 1);
   // Before sm_90: the cp.async tensor-core kernel; KVATTN_DECODE_KERNEL=transposed does not apply.
@@ -148,9 +146,10 @@ TEST(DecodeConfig, LargeGroupsTakeTwoMTiles) {
   EXPECT_EQ(decode_smem_bytes(mqa), 1024 + 3 * 4 * 16 * 512 + 32 * 272 + 96);
   EXPECT_LE(2 * (decode_smem_bytes(mqa) + 1024), 228 * 1024);
   auto fp8 = decode_choice(DType::bf16, DType::e4m3, DType::bf16, 128, 128, 32, 16, 0, true);
-  // fp8: 5 stages of 4 x 16 x 256 bytes (more than the merge buffers' 4 x 32 x (128 + 2) x 4); q and
-  // its 2 x 32 scales; 20 barriers.
-  EXPECT_EQ(fp8.stages, 5);
+  // fp8, two M tiles: 5 stages of 4 x 16 x 256 bytes (more than the merge buffers' 4 x 32 x (128 + 2)
+  // x 4), split over two CTAs per SM; q and its 2 x 32 scales; 20 barriers.
+  EXPECT_EQ(fp8.stages, kvattn::cuda::kFp8DecodeLargeGroupStages);
+  EXPECT_EQ(fp8.split_ctas_per_sm, 2);
   EXPECT_EQ(decode_smem_bytes(fp8), 1024 + 5 * 4 * 16 * 256 + 32 * 272 + 2 * 32 * 4 + 160);
   EXPECT_LE(2 * (decode_smem_bytes(fp8) + 1024), 228 * 1024);
   auto ampere = decode_choice(DType::f16, DType::f16, DType::f16, 128, 128, 32, 16, 0, false);
@@ -295,7 +294,8 @@ TEST(DecodeConfig, DefaultWorkersAreOnePerSmForOneCtaPerItem) {
   EXPECT_EQ(decode_default_workers(132, 2, 1, 1, 67, false), 132);  // fewer than two per head: kept
   EXPECT_EQ(decode_default_workers(132, 2, 1, 2, 8, false), 64);    // two head chunks per KV head
   EXPECT_EQ(decode_default_workers(108, 2, 1, 1, 8, false), 104);   // A100
-  EXPECT_EQ(decode_default_workers(132, 3, 2, 1, 8, false), 264);   // fp8: two CTAs per SM
+  EXPECT_EQ(decode_default_workers(132, 3, 3, 1, 8, false), 392);   // fp8: three CTAs per SM, rounded
+  EXPECT_EQ(decode_default_workers(132, 3, 2, 1, 8, false), 264);   // fp8 skewed: two
   EXPECT_EQ(decode_default_workers(132, 2, 1, 1, 8, true), 264);    // persistent: every slot
   EXPECT_EQ(decode_default_workers(132, 2, 2, 1, 8, true), 264);    // (whatever the split asks)
   EXPECT_EQ(decode_default_workers(132, 0, 1, 1, 8, true), 132);    // occupancy unknown: one per SM

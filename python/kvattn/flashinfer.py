@@ -208,14 +208,15 @@ def _mask_indptr(qo_indptr, kv_indptr_or_table, paged=False, page_size=1):
 
 def _pack_mask(custom_mask, packed_custom_mask, qo_indptr, kv, paged=False, page_size=1):
     """(packed mask, mask_indptr) for the native plan: packed_custom_mask as given (the library
-    checks its dtype, length and device), or custom_mask (flat bools) packed little-endian."""
+    checks its dtype and length; a device tensor, as FlashInfer's callers pass it, is read back to
+    the host, where plan() reads masks), or custom_mask (flat bools) packed little-endian."""
     import numpy as np
 
     if custom_mask is None and packed_custom_mask is None:
         return None, None
     mask_indptr, sizes = _mask_indptr(qo_indptr, kv, paged, page_size)
     if packed_custom_mask is not None:
-        return packed_custom_mask, mask_indptr
+        return _to_host(packed_custom_mask), mask_indptr
     flat = _np(custom_mask).astype(bool).ravel()
     bit_indptr = np.concatenate([[0], np.cumsum(sizes)])
     if len(flat) != bit_indptr[-1]:

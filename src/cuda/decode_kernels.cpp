@@ -95,16 +95,14 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
     if (ov.decode_warps) c.threads = 32 * *ov.decode_warps;
   }
   c.tile_tokens = c.tensor_cores ? kernels::decode::mma_tile_tokens(c.threads / 32) : 64;
-  // fp8 K/V on the bulk kernels: a stage holds half the bytes of a 2-byte one, so deeper rings
-  // (where they keep two CTAs per SM) and a split over two CTAs per SM keep as many bytes in
-  // flight as the 2-byte kernels do. Measured on the H200 (docs/DECISIONS.md, "fp8 decode"):
-  // 64 x 4096 32/8 176 -> 158 us at 5 stages, Zipf 163 -> 151 us at 4 stages and two CTAs per SM,
-  // 16 x 4096 63 -> 50 us at two CTAs per SM; one head per CTA (32/32) lost 9% at 5 stages.
+  // fp8 K/V on the bulk kernels: a CTA streams half the bytes of a 2-byte one, so the split fills
+  // more CTAs per SM, and the ring's depth follows the batch (fp8_decode_tuning says why).
   if (c.bulk && fp8_kv) {
-    c.split_ctas_per_sm = kFp8DecodeSplitCtasPerSm;
-    if (!ov.decode_bulk_stages && (key.skewed_batch || c.heads_per_cta > 1)) {
+    const Fp8DecodeTuning t = fp8_decode_tuning(key.skewed_batch, c.heads_per_cta);
+    c.split_ctas_per_sm = t.split_ctas_per_sm;
+    if (!ov.decode_bulk_stages) {
       const int shallow = c.stages;
-      c.stages = key.skewed_batch ? kFp8DecodeSkewedStages : kFp8DecodeStages;
+      c.stages = t.stages;
       if (decode_smem_bytes(c) > two_per_sm) c.stages = shallow;
     }
   }
@@ -116,6 +114,19 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
     c.tile_tokens = kernels::decode::mma_tile_tokens(2);
   }
   return c;
+}
+
+Fp8DecodeTuning fp8_decode_tuning(bool skewed_batch, int heads_per_cta) {
+  // Measured on the H200, e4m3 at 32/8 heads (docs/DECISIONS.md, "fp8 decode"; against 3 stages
+  // split over one CTA per SM): uniform batches split over three CTAs per SM (the kernel's
+  // residency) fill the waves: 64 x 4096 176 -> 154 us, 256 x 4096 unchanged, 16 x 4096 63 -> 47 us
+  // (64 x 1016 pays 10% for the extra splits); 5 stages at two CTAs per SM gained less there and
+  // lost 9% at 256 x 4096. Skewed batches: 4 stages, two CTAs per SM (Zipf 163 -> 150 us; three
+  // per SM 160). Two M tiles (17-32 heads per CTA, MQA): 5 stages, two per SM (32/1 63 -> 54 us;
+  // three per SM 72).
+  if (skewed_batch) return {kFp8DecodeSkewedStages, 2};
+  if (heads_per_cta > 16) return {kFp8DecodeLargeGroupStages, 2};
+  return {3, 3};
 }
 
 int decode_smem_bytes(const DecodeKernelConfig& c) {

@@ -88,11 +88,15 @@ inline bool decode_folds_in_kernel(const detail::Overrides& o) { return o.decode
 // the L1 (H200: 228 KB per SM; a smaller SM gets half of its own).
 inline constexpr int64_t kDecodeSmemPerCta = 110 * 1024;
 
-// fp8 K/V on the bulk-copy kernels (choose_decode says why): the ring's stages for uniform
-// batches with several heads per CTA and for skewed batches, and the CTAs per SM its split fills.
-inline constexpr int kFp8DecodeStages = 5;
+// fp8 K/V on the bulk-copy kernels: the ring's stages (where two CTAs per SM still fit; else the
+// 2-byte default) and the CTAs per SM its split-KV fills, by batch and heads per CTA.
+struct Fp8DecodeTuning {
+  int stages = 3;
+  int split_ctas_per_sm = 1;
+};
 inline constexpr int kFp8DecodeSkewedStages = 4;
-inline constexpr int kFp8DecodeSplitCtasPerSm = 2;
+inline constexpr int kFp8DecodeLargeGroupStages = 5;
+Fp8DecodeTuning fp8_decode_tuning(bool skewed_batch, int heads_per_cta);
 
 // A batch whose longest request has at least 4x the mean KV length (2 requests at least): the
 // case where more, smaller CTAs balance better than deeper pipelines stream.
@@ -108,7 +112,7 @@ int decode_smem_bytes(const DecodeKernelConfig& c);
 // both slots of an SM ran slower than one longer chunk per SM (H200: 16 x 4096 +8%, 16 x 512
 // +21%, 1 x 4096 with 32/32 heads +19% at one per SM; multi-wave batches unchanged;
 // 2026-11-30 at cd6e2d7, docs/perf/HISTORY.md). fp8 K/V streams half the bytes per CTA and fills
-// DecodeKernelConfig::split_ctas_per_sm (two) instead.
+// DecodeKernelConfig::split_ctas_per_sm instead (fp8_decode_tuning).
 int decode_default_workers(int sm_count, int resident_per_sm, int split_ctas_per_sm, int head_chunks, int num_kv_heads,
                            bool persistent);
 
