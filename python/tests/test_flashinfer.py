@@ -32,6 +32,36 @@ def test_signatures_follow_flashinfer():
     assert list(rp)[1:6] == ["qo_indptr", "kv_indptr", "num_qo_heads", "num_kv_heads", "head_dim_qk"]
 
 
+# Where FlashInfer 0.3.1 defines each name (flashinfer/<module>.py), for code that imports it from
+# there (`from flashinfer.cascade import merge_state`, `flashinfer.sparse.BlockSparseAttentionWrapper`).
+FLASHINFER_MODULES = {
+    "decode": ["BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"],
+    "prefill": ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
+                "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"],
+    "sparse": ["BlockSparseAttentionWrapper"],
+    "cascade": ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"],
+    "page": ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"],
+    "quantization": ["packbits", "segment_packbits"],
+    "rope": ["apply_rope", "apply_rope_inplace", "apply_rope_pos_ids", "apply_rope_pos_ids_inplace",
+             "apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
+             "apply_llama31_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
+             "apply_rope_with_cos_sin_cache_inplace"],
+}
+
+
+def test_submodule_paths_follow_flashinfer():
+    import importlib
+
+    listed = set()
+    for module, names in FLASHINFER_MODULES.items():
+        mod = importlib.import_module(f"kvattn.flashinfer.{module}")
+        assert getattr(fi, module) is mod
+        for name in names:
+            assert getattr(mod, name) is getattr(fi, name), f"kvattn.flashinfer.{module}.{name}"
+            listed.add(name)
+    assert listed == set(fi.__all__)  # every top-level name has its FlashInfer module
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("mode", ["NONE", "ROPE_LLAMA", "ALIBI"])

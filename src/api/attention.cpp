@@ -318,10 +318,8 @@ struct SharedPrefixCascade {
 
 std::optional<SharedPrefixCascade> shared_prefix_cascade(const AttentionPlan& plan, const BatchDecodePlan& params,
                                                          const validate::PageTableInfo& table) {
-  const Variant& v = plan.shape.variant;
-  const bool position_free = v.window_left < 0 && !v.alibi && !v.rope && !v.custom_mask && !v.sigmoid && !v.custom;
   if (params.shared_prefix == SharedPrefix::never || table.device_indices || params.scheduler.cuda_graph ||
-      !position_free || table.batch_size < 2)
+      detail::cascade_unsupported_feature(plan.shape.variant) != nullptr || table.batch_size < 2)
     return std::nullopt;
   const int P = params.page_size;
   auto shared_levels = detail::find_shared_prefix_levels(table.indptr, table.indices, (128 + P - 1) / P);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/attention_backend.h"
+#include "core/shared_prefix.h"
 #include "core/validate.h"
 #include "kvattn/ops.h"
 
@@ -77,13 +78,7 @@ int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // Variants whose meaning depends on where a key sits in the row's whole sequence are wrong
 // level by level; so are masks given as bits of that sequence and weights without an lse.
 void check_cascade_variant(const Variant& v) {
-  const char* what = v.window_left >= 0 ? "a sliding window"
-                     : v.alibi          ? "ALiBi"
-                     : v.rope           ? "fused RoPE"
-                     : v.custom_mask    ? "a custom mask"
-                     : v.sigmoid        ? "sigmoid attention"
-                     : v.custom         ? "a user variant"
-                                        : nullptr;
+  const char* what = detail::cascade_unsupported_feature(v);
   KVATTN_CHECK(what == nullptr, "CascadeAttention does not support ", what, " (variant ", v.describe(),
                "): ",
                v.sigmoid ? "it has no lse to merge the levels with"

@@ -5,6 +5,16 @@
 
 namespace kvattn::detail {
 
+const char* cascade_unsupported_feature(const Variant& v) {
+  return v.window_left >= 0 ? "a sliding window"
+         : v.alibi          ? "ALiBi"
+         : v.rope           ? "fused RoPE"
+         : v.custom_mask    ? "a custom mask"
+         : v.sigmoid        ? "sigmoid attention"
+         : v.custom         ? "a user variant"
+                            : nullptr;
+}
+
 std::vector<SharedPrefixGroup> find_shared_prefixes(std::span<const int32_t> kv_indptr,
                                                     std::span<const int32_t> kv_indices, int min_shared_pages,
                                                     int64_t first, int64_t last, int32_t skip_pages) {

@@ -7,7 +7,14 @@
 #include <span>
 #include <vector>
 
+#include "kvattn/variant.h"
+
 namespace kvattn::detail {
+
+// What keeps a cascade from running variant v (nullptr: nothing): a feature that needs a key's
+// position in the row's whole sequence (a level does not know it), or sigmoid attention (no lse
+// to merge the levels with). CascadeAttention rejects such a variant; BatchDecode decodes flat.
+const char* cascade_unsupported_feature(const Variant& v);
 
 // Requests [first, first + count) whose page lists all begin with the same `shared_pages` ids (full
 // pages: each member keeps at least one page of its own, so its last, possibly partial, page is
