@@ -1,7 +1,9 @@
 // The attention wrappers: BatchDecode, BatchPrefill (ragged and paged KV) and
 // BlockSparseAttention, plan() and run() on the CPU backend.
 //
-// Legal problems: 0-6 requests (block-sparse: 0-5 block rows of R = 1-6 queries over 0-8 column
+// Legal problems: 0-6 requests (decode, 15% of problems: 2-6 requests whose page lists begin with
+// the same 128+ tokens of pages, in every SharedPrefix mode, so that BatchDecode's automatic
+// cascade runs; block-sparse: 0-5 block rows of R = 1-6 queries over 0-8 column
 // blocks of C = 1-8 keys), GQA groups 1-4, head dims 8/16/32/64 (qk and vo may differ), page sizes
 // 1-16 over a shuffled page pool whose unused bytes are NaN, NHD/HND, split or 5-D combined
 // caches, padded strides, q f32/f16/bf16, KV also fp8 e4m3/e5m2, any out dtype, every variant
@@ -62,6 +64,7 @@ void do_plan(const AttnArgs& a, Wrappers& w) {
       static_cast<kvattn::AttentionShape&>(p) = a.shape;
       p.page_table = a.table;
       p.page_size = a.page_size;
+      p.shared_prefix = a.shared_prefix;
       w.decode->plan(p);
       return;
     }
@@ -175,6 +178,15 @@ void generate(Ctx& ctx, AttnProblem& p) {
       p.bsr_ind.push_back(int32_t(p.bsr_idx.size()));
     }
     lens.push_back({p.M, p.N});
+  } else if (api == AttentionApi::decode && s.chance(15)) {
+    // Requests whose page lists begin with the same pages (a radix-tree cache), as long as
+    // BatchDecode's shared-prefix detection needs (128 tokens of full pages at least), then a few
+    // pages of their own; some requests may stop inside the prefix (they share nothing).
+    p.shared_prefix_pages = (128 + p.page_size - 1) / p.page_size + int(s.range(0, 2));
+    const int64_t prefix = int64_t(p.shared_prefix_pages) * p.page_size;
+    const int64_t B = s.range(2, 6);
+    for (int64_t b = 0; b < B; ++b)
+      lens.push_back({1, s.chance(10) ? s.range(1, prefix) : prefix + s.range(1, 40)});
   } else {
     const int64_t B = s.range(0, api == AttentionApi::decode ? 6 : 5);
     for (int64_t b = 0; b < B; ++b) {
@@ -206,6 +218,7 @@ void generate(Ctx& ctx, AttnProblem& p) {
     os << "]";
   }
   if (paged) os << " " << kvattn::kv_layout_name(p.layout) << " page " << p.page_size << (combined ? " combined" : " split");
+  if (p.shared_prefix_pages > 0) os << " shared prefix " << p.shared_prefix_pages << " pages";
   ctx.note(os.str());
 
   // Queries.
@@ -237,7 +250,7 @@ void generate(Ctx& ctx, AttnProblem& p) {
     std::vector<int64_t> kv_lens;
     for (auto [qo, kv] : lens) kv_lens.push_back(kv);
     kvattn_test::PagedKVSpec spec{kv_lens, p.page_size, p.hkv, p.dqk, p.dvo, p.kvt, p.layout, combined,
-                                  s.chance(40), false, int(s.range(0, 3))};
+                                  s.chance(40), false, int(s.range(0, 3)), p.shared_prefix_pages};
     p.paged.emplace(spec, ctx.values);
   } else {
     p.k = make_tensor(ctx, p.kvt, {int64_t(kv_ind.back()), p.hkv, p.dqk});
@@ -328,6 +341,9 @@ void generate(Ctx& ctx, AttnProblem& p) {
     a.cache = p.paged->cache();
     a.plan_page_table = true;
     a.run_paged = true;
+    if (api == AttentionApi::decode)  // the mode matters where pages are shared; any batch takes each
+      a.shared_prefix = s.pick({kvattn::SharedPrefix::automatic, kvattn::SharedPrefix::always,
+                                kvattn::SharedPrefix::never});
   } else {
     a.k = p.k.view();
     a.v = p.v.view();
@@ -413,7 +429,11 @@ void check_result(const AttnProblem& p) {
     mag_ref.insert(mag_ref.end(), res.o_mag.begin(), res.o_mag.end());
     lse_ref.insert(lse_ref.end(), res.lse.begin(), res.lse.end());
   }
-  const ComputeTolerance tol = tolerance_for(p);
+  ComputeTolerance tol = tolerance_for(p);
+  // A cascade rounds each earlier level's state to the out dtype before the merge (as
+  // tests/cascade_test.cpp argues): half its unit roundoff of o_mag per extra level.
+  if (p.cascade_levels > 1)
+    tol.accumulation += (p.cascade_levels - 1) * kvattn_test::output_tolerance(p.ot).rtol / 2;
   if (auto r = kvattn_test::outputs_match(p.out, o_ref, mag_ref, tol); !r) fail("out differs from the reference: ", r.message());
   if (p.want_lse) {
     if (auto r = kvattn_test::lse_match(p.lse, lse_ref, tol); !r) fail("lse differs from the reference: ", r.message());
@@ -421,6 +441,13 @@ void check_result(const AttnProblem& p) {
     for (size_t i = 0; i < p.lse.raw_bytes().size(); ++i)
       if (p.lse.raw_bytes()[i] != HostTensor::kPoisonByte) fail("lse was written although not requested");
   }
+}
+
+// Which levels the decode plan chose (a shared prefix found: a cascade), for check_result.
+void note_cascade(Ctx& ctx, AttnProblem& p, const Wrappers& w) {
+  const kvattn::CascadeAttention* c = p.api == AttentionApi::decode ? w.decode->cascade() : nullptr;
+  p.cascade_levels = c ? c->num_levels() : 0;
+  if (c) ctx.note("ran as a cascade of " + std::to_string(p.cascade_levels) + " levels");
 }
 
 }  // namespace
@@ -443,6 +470,7 @@ void fuzz_attention(Ctx& ctx, AttentionApi api) {
     for (const HostTensor* t : inputs) before.push_back(t->snapshot());
     Wrappers w(p.legal);
     expect_success(ctx, "plan()", [&] { do_plan(p.legal, w); });
+    note_cascade(ctx, p, w);
     expect_success(ctx, "run()", [&] { do_run(p.legal, w); });
     for (size_t i = 0; i < inputs.size(); ++i)
       if (!inputs[i]->same_bytes(before[i])) fail("a legal run() changed input buffer #", i);
@@ -462,6 +490,7 @@ void fuzz_attention(Ctx& ctx, AttentionApi api) {
   Wrappers w(p.legal);
   if (prior) {
     expect_success(ctx, "plan() before the corrupted call", [&] { do_plan(p.legal, w); });
+    note_cascade(ctx, p, w);
     ctx.note("planned legally first");
   }
   AttnArgs bad = p.legal;

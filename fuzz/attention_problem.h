@@ -30,6 +30,7 @@ struct AttnArgs {
   TensorView q, k, v, out, lse;
   kvattn::PagedKVCache cache;
   bool run_paged = false;  // prefill: which run() overload
+  kvattn::SharedPrefix shared_prefix = kvattn::SharedPrefix::automatic;  // decode
 };
 
 // The values a request's kernel sees (decoded from storage), dense for the reference.
@@ -54,6 +55,8 @@ struct AttnProblem {
   std::vector<int32_t> mask_ind, bsr_ind, bsr_idx;
   int64_t M = 0, N = 0, R = 1, C = 1;
   int64_t rows = 0;  // query rows of the batch
+  int shared_prefix_pages = 0;  // decode: the requests' common first pages (0: none)
+  int cascade_levels = 0;       // decode: the levels of the cascade plan() chose (0: flat)
   AttnArgs legal;
 };
 

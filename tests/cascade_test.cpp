@@ -403,6 +403,16 @@ TEST(Cascade, RunErrorsWriteNothing) {
   EXPECT_KVATTN_ERROR(cascade.schedule(3), "level = 3 is out of range [0, 3)");
   EXPECT_NE(cascade.schedule(2), nullptr);
   EXPECT_NO_THROW(cascade.check_errors());
+  // A host workspace follows the flat wrappers' aliasing rule: out and lse share no byte with it
+  // (the API fuzzer found BatchDecode's automatic cascade accepting an out inside its workspace).
+  const int64_t out_bytes = int64_t(out.raw_bytes().size());
+  HostTensor ws(DType::u8, {out_bytes + 4096});
+  kvattn::CascadeAttention with_ws(ws.view());
+  with_ws.plan(f.plan());
+  const kvattn::TensorView inside(ws.raw_bytes().data() + 64, DType::bf16, {f.in.rows, f.c.num_qo_heads, f.c.head_dim});
+  EXPECT_KVATTN_ERROR(with_ws.run(f.in.q.view(), kv, inside), "out (");
+  EXPECT_KVATTN_ERROR(with_ws.run(f.in.q.view(), kv, inside), "overlaps the workspace");
+  EXPECT_NO_THROW(with_ws.run(f.in.q.view(), kv, out.view()));
 }
 
 // ---- automatic shared prefixes in BatchDecode ---------------------------------------------------

@@ -280,9 +280,16 @@ void CascadeAttention::run(const TensorView& q, const PagedKVCache& kv, const Te
   for (size_t l = 0; l < s.levels.size(); ++l)
     KVATTN_CHECK(s.levels[l].max_page_index < kv.num_pages(), "level ", l, ": kv_indices refers to page ",
                  s.levels[l].max_page_index, ", out of range [0, ", kv.num_pages(), ")");
-  if (s.gpu) {
+  // The aliasing rules of kvattn/attention.h against the whole workspace, as the flat wrappers
+  // apply them (the levels check only their shares of it, and a CPU plan's levels have none).
+  if (workspace_.defined()) {
     validate::no_overlap("out", out, "the workspace", workspace_);
     if (lse.defined()) validate::no_overlap("lse", lse, "the workspace", workspace_);
+  }
+  if (s.gpu) {
+    validate::no_overlap("the workspace", workspace_, "q", q);
+    validate::no_overlap("the workspace", workspace_, "paged k", kv.k);
+    if (kv.v.defined()) validate::no_overlap("the workspace", workspace_, "paged v", kv.v);
   }
   const int64_t state_rows = s.rows * s.num_qo_heads;
   std::vector<float> host_lse, host_scratch_lse;

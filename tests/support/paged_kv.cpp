@@ -1,5 +1,6 @@
 #include "support/paged_kv.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace kvattn_test {
@@ -19,23 +20,36 @@ std::vector<int32_t> as_int32(const HostTensor& t) {
 }
 
 PagedKV::PagedKV(const PagedKVSpec& spec, Rng& rng) : spec_(spec) {
-  const int64_t ps = spec.page_size;
+  const int64_t ps = spec.page_size, shared = spec.shared_prefix_pages;
   std::vector<int32_t> ind{0}, last;
-  int64_t used = 0;
+  int64_t used = 0, own = 0;  // page-table entries, and pages of the pool they take
   for (int64_t len : spec.kv_lens) {
     const int64_t n = (len + ps - 1) / ps;
     used += n;
+    own += shared > 0 && n > shared ? n - shared : n;
     ind.push_back(int32_t(used));
     last.push_back(int32_t(n == 0 ? 0 : len - (n - 1) * ps));
   }
-  num_pages_ = used + spec.extra_pages;
+  num_pages_ = (shared > 0 ? shared : 0) + own + spec.extra_pages;
   std::vector<int32_t> ids(static_cast<size_t>(num_pages_));
   std::iota(ids.begin(), ids.end(), 0);
   rng.shuffle(ids);  // scattered: request b's pages are wherever the shuffle put them
-  std::vector<int32_t> flat(ids.begin(), ids.begin() + used);
+  // The shared pages are the pool's first `shared` ids after the shuffle (so their ids are
+  // scattered too); set() tells them apart by position in `ids`.
+  std::vector<int32_t> flat;
   pages_.resize(spec.kv_lens.size());
-  for (size_t b = 0; b < spec.kv_lens.size(); ++b)
-    pages_[b].assign(flat.begin() + ind[b], flat.begin() + ind[b + 1]);
+  size_t next = size_t(shared > 0 ? shared : 0);
+  for (size_t b = 0; b < spec.kv_lens.size(); ++b) {
+    const int64_t n = ind[b + 1] - ind[b];
+    const bool shares = shared > 0 && n > shared;
+    if (shares) pages_[b].assign(ids.begin(), ids.begin() + shared);
+    for (int64_t i = shares ? shared : 0; i < n; ++i) pages_[b].push_back(ids[next++]);
+    flat.insert(flat.end(), pages_[b].begin(), pages_[b].end());
+  }
+  if (shared > 0) {
+    shared_ids_.assign(ids.begin(), ids.begin() + shared);
+    std::sort(shared_ids_.begin(), shared_ids_.end());
+  }
   // Trailing garbage entries past kv_indptr[-1] are allowed and must be ignored.
   flat.push_back(int32_t(num_pages_) + 1000);
   indptr = int32_tensor(ind);
@@ -82,6 +96,10 @@ double PagedKV::set(bool is_v, size_t b, int64_t t, int h, int e, double x) {
   HostTensor& dst = spec_.combined ? kv : (is_v ? v : k);
   const int64_t off = spec_.combined ? dst.offset({page, is_v ? 1 : 0, a, c, e})
                                      : dst.offset({page, a, c, e});
+  if (std::binary_search(shared_ids_.begin(), shared_ids_.end(), int32_t(page))) {
+    const auto key = std::make_pair(is_v, off);
+    if (!shared_written_.insert(key).second) return dst.get_at(off);  // set by an earlier request
+  }
   dst.set_at(off, x);
   return dst.get_at(off);
 }

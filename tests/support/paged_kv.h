@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "kvattn/formats.h"
@@ -27,6 +29,10 @@ struct PagedKVSpec {
   bool strided = false;   // padded strides on every non-last dim
   bool aligned = false;   // with strided: keep strides and start 16-byte multiples
   int extra_pages = 3;    // unused pages in the pool, at random places
+  // > 0: every request with more pages than this begins with the same shared_prefix_pages pages
+  // (a radix-tree cache's shared prefix), the rest its own; a shared token keeps the values first
+  // written to it (set_k / set_v of a later request return those).
+  int shared_prefix_pages = 0;
 };
 
 class PagedKV {
@@ -53,6 +59,8 @@ class PagedKV {
   PagedKVSpec spec_;
   int64_t num_pages_ = 0;
   std::vector<std::vector<int32_t>> pages_;
+  std::vector<int32_t> shared_ids_;                   // the shared pages' ids, sorted
+  std::set<std::pair<bool, int64_t>> shared_written_;  // (is_v, offset) of shared elements set
 };
 
 }  // namespace kvattn_test
