@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/shared_prefix.h"
+#include "kvattn/attention.h"
 
 namespace {
 
@@ -58,5 +59,39 @@ BENCHMARK_CAPTURE(BM_SharedPrefixDetection, b256_none_32k, make_table(256, 0, 20
 BENCHMARK_CAPTURE(BM_SharedPrefixDetection, b256_shared4k_own512, make_table(256, 256, 32));
 BENCHMARK_CAPTURE(BM_SharedPrefixDetection, b128_shared32k_own256, make_table(128, 2048, 16));
 BENCHMARK_CAPTURE(BM_SharedPrefixDetection, b256_nested_system2k_fewshot2k_own256, make_table(256, 128, 16, 128));
+
+// BatchDecode::plan() as a whole on the CPU backend (32/8 heads, hd 128, bf16, page 16, host page
+// ids): validation of every id, the detection, the levels' tables and both levels' plans when a
+// cascade is chosen ("always"), or the flat plan ("never"). The GPU backend's plan() adds its
+// kernels' choice and the staging copy on top of the same host work.
+void BM_BatchDecodePlan(benchmark::State& state, Table t, kvattn::SharedPrefix mode) {
+  const int64_t B = int64_t(t.indptr.size()) - 1;
+  std::vector<int32_t> last(static_cast<size_t>(B), 16);
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim_qk = 128;
+  p.q_dtype = kvattn::DType::bf16;
+  p.page_size = 16;
+  p.page_table = {kvattn::TensorView(t.indptr.data(), kvattn::DType::i32, {B + 1}),
+                  kvattn::TensorView(t.indices.data(), kvattn::DType::i32, {int64_t(t.indices.size())}),
+                  kvattn::TensorView(last.data(), kvattn::DType::i32, {B})};
+  p.shared_prefix = mode;
+  kvattn::BatchDecode decode;
+  decode.plan(p);
+  for (auto _ : state) decode.plan(p);
+  state.counters["cascade"] = decode.cascade() != nullptr;
+}
+
+BENCHMARK_CAPTURE(BM_BatchDecodePlan, b128_shared32k_own256_always, make_table(128, 2048, 16),
+                  kvattn::SharedPrefix::always);
+BENCHMARK_CAPTURE(BM_BatchDecodePlan, b128_shared32k_own256_never, make_table(128, 2048, 16),
+                  kvattn::SharedPrefix::never);
+BENCHMARK_CAPTURE(BM_BatchDecodePlan, b256_shared4k_own512_always, make_table(256, 256, 32),
+                  kvattn::SharedPrefix::always);
+BENCHMARK_CAPTURE(BM_BatchDecodePlan, b256_shared4k_own512_never, make_table(256, 256, 32),
+                  kvattn::SharedPrefix::never);
+BENCHMARK_CAPTURE(BM_BatchDecodePlan, b256_none_4k_automatic, make_table(256, 0, 256),
+                  kvattn::SharedPrefix::automatic);
 
 }  // namespace

@@ -4,8 +4,11 @@
 // validation_run_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
+#include "core/validate.h"
 #include "kvattn/attention.h"
 #include "support/expect_error.h"
 #include "support/host_tensor.h"
@@ -172,6 +175,28 @@ TEST(ValidationPlan, PageTable) {
          "kv_last_page_len[0] = -1 is out of range [0, 16] (request has no pages)");
   HostTensor negative = int32_tensor({2, -1, 1});
   expect(nullptr, &negative, nullptr, 16, "kv_indices[1] = -1 is negative");
+}
+
+// The page-id scan of plan(): the smallest and largest id and the largest's first position, in
+// blocks (core/validate.cpp), against a plain loop, with the maximum repeated across blocks.
+TEST(ValidationPlan, IdRangeMatchesAPlainScan) {
+  kvattn_test::Rng rng(11);
+  for (int64_t n : {0, 1, 5, 1023, 1024, 1025, 4096, 70001}) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& id : ids) id = int32_t(rng.integer(0, 5000));
+    if (n > 2000) ids[1500] = ids[n - 1] = 9000;  // one maximum in two blocks: the first counts
+    if (n > 3000 && n % 2 == 1) ids[2222] = -3;
+    int32_t lo = 0, hi = -1;
+    int64_t pos = -1;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      lo = std::min(lo, ids[i]);
+      if (ids[i] > hi) hi = ids[i], pos = int64_t(i);
+    }
+    const auto r = kvattn::validate::id_range(ids);
+    EXPECT_EQ(r.min, lo) << n;
+    EXPECT_EQ(r.max, hi) << n;
+    EXPECT_EQ(r.max_pos, pos) << n;
+  }
 }
 
 TEST(ValidationPlan, Prefill) {

@@ -69,16 +69,15 @@ validate::PageTableInfo plan_page_table(AttentionPlan& plan, const PageTable& ta
     plan.kv_len[size_t(b)] = validate::paged_kv_len(info, page_size, b);
   plan.device_kv_indices = info.device_indices;
   info.indices = info.indices.first(plan.device_kv_indices ? 0 : size_t(info.indptr.back()));
-  // One pass for the smallest and largest id (the run checks the largest against the cache).
-  int32_t lo = 0, hi = -1;
-  int64_t lo_pos = -1;
-  plan.max_page_pos = -1;
-  for (size_t i = 0; i < info.indices.size(); ++i) {
-    const int32_t id = info.indices[i];
-    if (id < lo) { lo = id; lo_pos = int64_t(i); }
-    if (id > hi) { hi = id; plan.max_page_pos = int64_t(i); }
+  // The smallest and largest id (the run checks the largest against the cache).
+  const std::span<const int32_t> ids = info.indices;
+  const validate::IdRange range = validate::id_range(ids);
+  if (range.min < 0) {
+    const auto neg = std::find_if(ids.begin(), ids.end(), [](int32_t id) { return id < 0; });
+    KVATTN_CHECK(false, "kv_indices[", neg - ids.begin(), "] = ", *neg, " is negative; page ids are in [0, num_pages)");
   }
-  KVATTN_CHECK(lo_pos < 0, "kv_indices[", lo_pos, "] = ", lo, " is negative; page ids are in [0, num_pages)");
+  const int32_t hi = range.max;
+  plan.max_page_pos = range.max_pos;
   plan.max_page_index = hi;
   if (!for_gpu) plan.kv_indices.assign(info.indices.begin(), info.indices.end());
   return info;

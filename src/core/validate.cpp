@@ -85,6 +85,42 @@ void indices_in_range(std::string_view name, std::span<const int32_t> values, in
                  " is out of range [0, ", bound, ")");
 }
 
+namespace {
+// Blocks of ids whose minimum and maximum loops vectorise (AVX2's pminsd / pmaxsd where the
+// processor has them: SSE2 alone emulates each with four instructions), remembering the first
+// block to reach a new maximum, so that only it is searched for the maximum's position.
+struct BlockScan {
+  int32_t min = 0, max = -1;
+  size_t max_block = 0;
+};
+constexpr size_t kIdBlock = 1024;
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+BlockScan scan_blocks(const int32_t* ids, size_t n) {
+  BlockScan r;
+  for (size_t b0 = 0; b0 < n; b0 += kIdBlock) {
+    const size_t b1 = std::min(n, b0 + kIdBlock);
+    int32_t lo = 0, hi = -1;
+    for (size_t i = b0; i < b1; ++i) {
+      lo = std::min(lo, ids[i]);
+      hi = std::max(hi, ids[i]);
+    }
+    r.min = std::min(r.min, lo);
+    if (hi > r.max) r.max = hi, r.max_block = b0;
+  }
+  return r;
+}
+}  // namespace
+
+IdRange id_range(std::span<const int32_t> values) {
+  const BlockScan s = scan_blocks(values.data(), values.size());
+  IdRange r{s.min, s.max, -1};
+  if (s.max >= 0)
+    r.max_pos = std::find(values.begin() + int64_t(s.max_block), values.end(), s.max) - values.begin();
+  return r;
+}
+
 // ---- aliasing ---------------------------------------------------------------------------------
 namespace {
 uintptr_t address(const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data()); }

@@ -38,6 +38,14 @@ std::span<const int32_t> indptr(std::string_view name, const TensorView& t,
 // Every value in [0, bound).
 void indices_in_range(std::string_view name, std::span<const int32_t> values, int64_t bound);
 
+// The smallest and largest of `values` (0 and -1 for none) and where the largest first occurs
+// (-1 for none): one pass at memory speed (a page table of a serving batch has 10^4-10^6 ids).
+struct IdRange {
+  int32_t min = 0, max = -1;
+  int64_t max_pos = -1;
+};
+IdRange id_range(std::span<const int32_t> values);
+
 // Request lengths of a page table: page_size * (pages - 1) + last_page_len (0 with no pages).
 // Checks indptr, last_page_len in [1, page_size] for requests with pages and [0, page_size]
 // without, and (when num_pages >= 0) every index in [0, num_pages).
