@@ -20,7 +20,7 @@ from conftest import cast, check_lse, check_output, f64, page_table, rand
 
 torch = pytest.importorskip("torch")
 import kvattn.flashinfer as fi  # noqa: E402
-from test_flashinfer_wrappers import bsr_problem, bsr_reference, cascade_reference  # noqa: E402
+from test_flashinfer_wrappers import bsr_problem, bsr_reference, cascade_levels, cascade_reference  # noqa: E402
 
 CUDA = torch.cuda.is_available() and kvattn.has_cuda_backend
 pytestmark = pytest.mark.skipif(not CUDA, reason="needs torch with a CUDA device and kvattn's CUDA backend")
@@ -207,16 +207,7 @@ def test_cascade_wrapper(rng, workspace, levels):
     if levels == 3:
         specs.append(([0, 4, total], [300, 77]))  # two groups with their own shared blocks
     specs.append((list(np.concatenate([[0], np.cumsum(qo_last)])), [int(x) for x in rng.integers(3, 400, size=B)]))
-    counts = [[-(-n // ps) for n in lens] for _, lens in specs]
-    num_pages = sum(sum(c) for c in counts) + 2
-    perm = rng.permutation(num_pages).astype(np.int32)
-    arrays, at = [], 0
-    for (qo_indptr, lens), cnt in zip(specs, counts):
-        indptr = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int32)
-        indices = perm[at:at + indptr[-1]].copy()
-        at += indptr[-1]
-        last = np.array([(n - 1) % ps + 1 if n else 0 for n in lens], np.int32)
-        arrays.append((np.array(qo_indptr, np.int32), indptr, indices, last))
+    arrays, num_pages = cascade_levels(rng, specs, ps)
     k = cast(rand(rng, (num_pages, ps, hkv, d)), "bf16")
     v = cast(rand(rng, (num_pages, ps, hkv, d)), "bf16")
     q = cast(rand(rng, (total, hq, d)), "bf16")

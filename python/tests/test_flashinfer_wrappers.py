@@ -325,6 +325,23 @@ def cascade_reference(q, levels, k_cache, v_cache, layout, ps, var_kw, dtype):
     return o, mag_total
 
 
+def cascade_levels(rng, specs, ps):
+    """The levels' arrays (qo_indptr, kv_indptr, kv_indices, last_page_len) of specs, one
+    (qo_indptr, kv lengths per group) per level, over one cache of disjoint shuffled pages; and
+    that cache's page count (two spare pages)."""
+    counts = [[-(-n // ps) for n in lens] for _, lens in specs]
+    num_pages = sum(sum(c) for c in counts) + 2
+    perm = rng.permutation(num_pages).astype(np.int32)
+    arrays, at = [], 0
+    for (qo_indptr, lens), cnt in zip(specs, counts):
+        indptr = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int32)
+        indices = perm[at:at + indptr[-1]].copy()
+        at += indptr[-1]
+        last = np.array([(n - 1) % ps + 1 if n else 0 for n in lens], np.int32)
+        arrays.append((np.array(qo_indptr, np.int32), indptr, indices, last))
+    return arrays, num_pages
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("levels,variant", [(2, "causal"), (3, "causal"), (2, "cap"), (3, "plain")])
@@ -341,17 +358,7 @@ def test_cascade_wrapper(rng, dtype, layout, levels, variant):
         specs.append(([0, 3, total], [9, 0 if variant == "plain" else 14]))
     own = [int(x) for x in rng.integers(2, 12, size=B)]
     specs.append((list(np.concatenate([[0], np.cumsum(qo_last)])), own))
-    # One cache of disjoint pages for all levels.
-    counts = [[-(-n // ps) for n in lens] for _, lens in specs]
-    num_pages = sum(sum(c) for c in counts) + 2
-    perm = rng.permutation(num_pages).astype(np.int32)
-    levels_arrays, at = [], 0
-    for (qo_indptr, lens), cnt in zip(specs, counts):
-        indptr = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int32)
-        indices = perm[at:at + indptr[-1]].copy()
-        at += indptr[-1]
-        last = np.array([(n - 1) % ps + 1 if n else 0 for n in lens], np.int32)
-        levels_arrays.append((np.array(qo_indptr, np.int32), indptr, indices, last))
+    levels_arrays, num_pages = cascade_levels(rng, specs, ps)
     shape = (num_pages, ps, hkv, d) if layout == "NHD" else (num_pages, hkv, ps, d)
     k_cache, v_cache = cast(rand(rng, shape), dtype), cast(rand(rng, shape), dtype)
     q = cast(rand(rng, (total, hq, d)), dtype)
