@@ -296,6 +296,7 @@ TEST(DecodeConfig, DefaultWorkersAreOnePerSmForOneCtaPerItem) {
   EXPECT_EQ(decode_default_workers(108, 2, 1, 1, 8, false), 104);   // A100
   EXPECT_EQ(decode_default_workers(132, 3, 3, 1, 8, false), 392);   // fp8: three CTAs per SM, rounded
   EXPECT_EQ(decode_default_workers(132, 3, 2, 1, 8, false), 264);   // fp8 skewed: two
+  EXPECT_EQ(decode_default_workers(132, 2, 3, 1, 8, false), 264);   // never more than fit
   EXPECT_EQ(decode_default_workers(132, 2, 1, 1, 8, true), 264);    // persistent: every slot
   EXPECT_EQ(decode_default_workers(132, 2, 2, 1, 8, true), 264);    // (whatever the split asks)
   EXPECT_EQ(decode_default_workers(132, 0, 1, 1, 8, true), 132);    // occupancy unknown: one per SM

@@ -94,7 +94,7 @@ struct BlockScan {
   size_t max_block = 0;
 };
 constexpr size_t kIdBlock = 1024;
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && defined(__GLIBC__)  // ifunc dispatch
 __attribute__((target_clones("avx2", "default")))
 #endif
 BlockScan scan_blocks(const int32_t* ids, size_t n) {

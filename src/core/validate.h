@@ -38,8 +38,9 @@ std::span<const int32_t> indptr(std::string_view name, const TensorView& t,
 // Every value in [0, bound).
 void indices_in_range(std::string_view name, std::span<const int32_t> values, int64_t bound);
 
-// The smallest and largest of `values` (0 and -1 for none) and where the largest first occurs
-// (-1 for none): one pass at memory speed (a page table of a serving batch has 10^4-10^6 ids).
+// min(0, the smallest of `values`) (so negative only where some value is), the largest (-1 for
+// none; page ids are not negative) and where the largest first occurs (-1 for none): one pass at
+// memory speed (a page table of a serving batch has 10^4-10^6 ids).
 struct IdRange {
   int32_t min = 0, max = -1;
   int64_t max_pos = -1;

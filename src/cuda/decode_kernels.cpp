@@ -197,7 +197,10 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
 
 int decode_default_workers(int sm_count, int resident_per_sm, int split_ctas_per_sm, int head_chunks, int num_kv_heads,
                            bool persistent) {
-  const int slots_per_sm = persistent ? std::max(1, resident_per_sm) : std::max(1, split_ctas_per_sm);
+  // The split never asks for more CTAs per SM than fit (a shallow fallback or an override can
+  // leave fewer resident than the tuning table's row assumes).
+  const int split = resident_per_sm > 0 ? std::min(split_ctas_per_sm, resident_per_sm) : split_ctas_per_sm;
+  const int slots_per_sm = persistent ? std::max(1, resident_per_sm) : std::max(1, split);
   int workers = std::max(1, sm_count * slots_per_sm / std::max(1, head_chunks));
   if (!persistent && workers >= 2 * num_kv_heads) workers -= workers % num_kv_heads;
   return workers;

@@ -31,7 +31,7 @@ struct PagedKVSpec {
   int extra_pages = 3;    // unused pages in the pool, at random places
   // > 0: every request with more pages than this begins with the same shared_prefix_pages pages
   // (a radix-tree cache's shared prefix), the rest its own; a shared token keeps the values first
-  // written to it (set_k / set_v of a later request return those).
+  // written to it (set_k / set_v of a later request, or a second fill, return those).
   int shared_prefix_pages = 0;
 };
 

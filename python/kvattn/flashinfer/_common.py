@@ -274,7 +274,7 @@ def _single_workspace(like):
     key = (_framework(like), tuple(like.__dlpack_device__()))
     ws = _SINGLE_WORKSPACES.get(key)
     if ws is None:
-        from . import _frameworks
+        from kvattn import _frameworks
 
         ws = _SINGLE_WORKSPACES[key] = _frameworks.empty(like, (32 << 20,), "u8")
     return ws

@@ -233,14 +233,16 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     mask = mask_indptr = None
     if custom_mask is not None or packed_custom_mask is not None:
         nbytes = (qo_len * kv_len + 7) // 8
+        # Masks on the host, where plan() reads them (a device tensor, as FlashInfer's callers
+        # pass it, is read back).
         if packed_custom_mask is not None:
-            mask = packed_custom_mask
+            mask = _to_host(packed_custom_mask)
         else:
             shape = tuple(int(s) for s in getattr(custom_mask, "shape", ()))
             if shape != (qo_len, kv_len):
                 raise _kv.Error(f"custom_mask has shape {list(shape)} but [qo_len, kv_len] = "
                                 f"[{qo_len}, {kv_len}] is expected")
-            mask = packbits(custom_mask, "little")
+            mask = packbits(_to_host(custom_mask), "little")
         mask_indptr = [0, nbytes]
     variant = _variant(causal=causal and mask is None, pos_encoding_mode=pos_encoding_mode,
                        window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
