@@ -10,7 +10,7 @@ namespace kvattn_fuzz {
 namespace {
 const char* const kNames[kNumOps] = {"decode",       "prefill_ragged",       "prefill_paged", "block_sparse",
                                      "merge_state",  "merge_state_in_place", "merge_states",  "append",
-                                     "rope",         "planner"};
+                                     "rope",         "planner",              "cascade"};
 const Ctx* g_current = nullptr;
 
 std::string join(const std::vector<std::string>& lines) {
@@ -52,6 +52,7 @@ Outcome fuzz_one(Source& src, const FuzzOptions& options) {
       case Op::append: fuzz_append(ctx); break;
       case Op::rope: fuzz_rope(ctx); break;
       case Op::planner: fuzz_planner(ctx); break;
+      case Op::cascade: fuzz_cascade(ctx); break;
     }
   } catch (const Failure& f) {
     throw Failure(cat(f.what(), "\n  trace:\n", join(ctx.trace)));

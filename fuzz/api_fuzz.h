@@ -32,8 +32,9 @@ enum class Op : int {
   append,
   rope,
   planner,
+  cascade,
 };
-inline constexpr int kNumOps = 10;
+inline constexpr int kNumOps = 11;
 const char* op_name(Op op);
 std::optional<Op> parse_op(std::string_view name);
 

@@ -17,6 +17,7 @@ void fuzz_merge_states(Ctx& ctx);
 void fuzz_append(Ctx& ctx);
 void fuzz_rope(Ctx& ctx);
 void fuzz_planner(Ctx& ctx);  // planner_fuzz.cpp
+void fuzz_cascade(Ctx& ctx);  // cascade_fuzz.cpp
 
 // Shared by the attention and planner fuzzers: legal scheduler options for a batch of `batch`
 // requests and `tokens` query tokens (graph capacity, when on, covers them).

@@ -376,6 +376,23 @@ TEST(Cascade, PlanErrorsNameTheLevelAndArgument) {
   EXPECT_KVATTN_ERROR(cascade.plan(make_plan(bad, bad_in, bad_ids)), "level 2: request 0 has qo_len = 5 > kv_len = 2");
   EXPECT_EQ(cascade.num_levels(), 0) << "no failed plan() leaves a plan behind";
   EXPECT_EQ(cascade.schedule(0), nullptr);
+  // A rejected plan() keeps the previous plan (the API fuzzer found a re-plan whose last level
+  // failed in its own wrapper dropping it, after the earlier levels had been re-planned).
+  cascade.plan(f.plan());
+  HostTensor out(DType::bf16, {f.in.rows, f.c.num_qo_heads, f.c.head_dim}), again = out;
+  const auto kv = kvattn::PagedKVCache::split(f.in.k.view(), f.in.v.view(), KVLayout::NHD);
+  cascade.run(f.in.q.view(), kv, out.view());
+  EXPECT_KVATTN_ERROR(cascade.plan(make_plan(bad, bad_in, bad_ids)), "level 2: request 0 has qo_len = 5 > kv_len = 2");
+  std::vector<int32_t> negative = as_int32(f.in.indices.back());
+  negative.back() = -4;
+  const HostTensor neg = int32_tensor(negative);
+  kvattn::CascadePlan neg_plan = f.plan();
+  neg_plan.levels.back().page_table.indices = neg.view();
+  EXPECT_KVATTN_ERROR(cascade.plan(neg_plan), "level 2: kv_indices[");
+  EXPECT_KVATTN_ERROR(cascade.plan(neg_plan), "is negative");
+  ASSERT_EQ(cascade.num_levels(), 3);
+  cascade.run(f.in.q.view(), kv, again.view());
+  EXPECT_TRUE(again.same_bytes(out.snapshot())) << "the previous plan runs as before";
 }
 
 TEST(Cascade, RunErrorsWriteNothing) {
