@@ -44,7 +44,7 @@ OutputTolerance output_tolerance(kvattn::DType out) {
       if (unwritten++ == 0) first_unwritten << index_str(idx);
       return;
     }
-    const double allowed = tol.rtol * std::abs(ref[i]) + tol.atol + ct.accumulation * mag[i];
+    const double allowed = tol.rtol * std::abs(ref[i]) + tol.atol + ct.output_abs + ct.accumulation * mag[i];
     const double err = std::abs(got - ref[i]);
     const bool ok = err <= allowed;  // false for NaN
     if (!ok) ++bad;

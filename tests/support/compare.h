@@ -38,6 +38,9 @@ inline constexpr double kLseAbs = 2e-4, kLseRel = 1e-6;
 struct ComputeTolerance {
   double accumulation = kAccumulation;  // times o_mag
   double lse_abs = kLseAbs;
+  // Absolute, on every output element, besides the out dtype's own floor: intermediate states
+  // stored in the out dtype (a cascade's earlier levels) round to its subnormal spacing too.
+  double output_abs = 0.0;
 };
 
 // Soft-cap through tanh.approx.f32, which the GPU prefill kernels' long shape takes by default
