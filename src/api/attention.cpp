@@ -70,15 +70,9 @@ validate::PageTableInfo plan_page_table(AttentionPlan& plan, const PageTable& ta
   plan.device_kv_indices = info.device_indices;
   info.indices = info.indices.first(plan.device_kv_indices ? 0 : size_t(info.indptr.back()));
   // The smallest and largest id (the run checks the largest against the cache).
-  const std::span<const int32_t> ids = info.indices;
-  const validate::IdRange range = validate::id_range(ids);
-  if (range.min < 0) {
-    const auto neg = std::find_if(ids.begin(), ids.end(), [](int32_t id) { return id < 0; });
-    KVATTN_CHECK(false, "kv_indices[", neg - ids.begin(), "] = ", *neg, " is negative; page ids are in [0, num_pages)");
-  }
-  const int32_t hi = range.max;
+  const validate::IdRange range = validate::page_id_range(info.indices);
   plan.max_page_pos = range.max_pos;
-  plan.max_page_index = hi;
+  plan.max_page_index = range.max;
   if (!for_gpu) plan.kv_indices.assign(info.indices.begin(), info.indices.end());
   return info;
 }
@@ -215,12 +209,7 @@ void plan_qo_indptr(AttentionPlan& plan, const TensorView& qo_indptr, std::strin
   auto ind = validate::indptr("qo_indptr", qo_indptr, batch + 1);
   KVATTN_CHECK(ind.back() <= kMaxTotalTokens, "qo_indptr[", batch, "] = ", ind.back(),
                " query tokens exceed the limit of ", kMaxTotalTokens, " (kvattn/plan.h)");
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t qo = int64_t(ind[b + 1]) - ind[b];
-    KVATTN_CHECK(qo <= plan.kv_len[size_t(b)], "request ", b, " has qo_len = ", qo, " > kv_len = ",
-                 plan.kv_len[size_t(b)], " (qo_indptr[", b, "..", b + 1, "] = ", ind[b], "..", ind[b + 1],
-                 "); a request's queries are its last qo_len positions, so qo_len <= kv_len");
-  }
+  for (int64_t b = 0; b < batch; ++b) validate::qo_len_within_kv_len(b, ind[b], ind[b + 1], plan.kv_len[size_t(b)]);
   plan.qo_indptr.assign(ind.begin(), ind.end());
 }
 

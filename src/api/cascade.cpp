@@ -109,20 +109,10 @@ void plan_level_tables(CascadeLevelState& level, const CascadeLevel& in, int l, 
   // wrapper is re-planned, so that a rejected plan() leaves the previous one in place: negative
   // page ids, and a last-level group with more rows than keys. Device ids: the kernels check them
   // where they read them.
-  if (!table.device_indices) {
-    const auto ids = table.indices.first(size_t(table.indptr.back()));
-    const validate::IdRange range = validate::id_range(ids);
-    if (range.min < 0) {
-      const auto neg = std::find_if(ids.begin(), ids.end(), [](int32_t id) { return id < 0; });
-      KVATTN_CHECK(false, "kv_indices[", neg - ids.begin(), "] = ", *neg, " is negative; page ids are in [0, num_pages)");
-    }
-    level.max_page_index = range.max;
-  }
-  for (int64_t g = 0; g < groups && last; ++g) {
-    const int64_t n = qo[g + 1] - qo[g], kv = validate::paged_kv_len(table, page_size, g);
-    KVATTN_CHECK(n <= kv, "request ", g, " has qo_len = ", n, " > kv_len = ", kv, " (qo_indptr[", g, "..", g + 1,
-                 "] = ", qo[g], "..", qo[g + 1], "); a request's queries are its last qo_len positions, so qo_len <= kv_len");
-  }
+  if (!table.device_indices)
+    level.max_page_index = validate::page_id_range(table.indices.first(size_t(table.indptr.back()))).max;
+  for (int64_t g = 0; g < groups && last; ++g)
+    validate::qo_len_within_kv_len(g, qo[g], qo[g + 1], validate::paged_kv_len(table, page_size, g));
   level.one_row_per_group = groups == rows;
   for (int64_t g = 0; g < groups && level.one_row_per_group; ++g) level.one_row_per_group = qo[g + 1] - qo[g] == 1;
   // BatchDecode takes a request without keys (its row's state is o = 0, lse = -inf, which the

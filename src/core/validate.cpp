@@ -121,6 +121,21 @@ IdRange id_range(std::span<const int32_t> values) {
   return r;
 }
 
+IdRange page_id_range(std::span<const int32_t> ids) {
+  const IdRange range = id_range(ids);
+  if (range.min < 0) {
+    const auto neg = std::find_if(ids.begin(), ids.end(), [](int32_t id) { return id < 0; });
+    KVATTN_CHECK(false, "kv_indices[", neg - ids.begin(), "] = ", *neg, " is negative; page ids are in [0, num_pages)");
+  }
+  return range;
+}
+
+void qo_len_within_kv_len(int64_t b, int64_t qo_begin, int64_t qo_end, int64_t kv_len) {
+  KVATTN_CHECK(qo_end - qo_begin <= kv_len, "request ", b, " has qo_len = ", qo_end - qo_begin, " > kv_len = ", kv_len,
+               " (qo_indptr[", b, "..", b + 1, "] = ", qo_begin, "..", qo_end,
+               "); a request's queries are its last qo_len positions, so qo_len <= kv_len");
+}
+
 // ---- aliasing ---------------------------------------------------------------------------------
 namespace {
 uintptr_t address(const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data()); }
