@@ -5,7 +5,8 @@
 # Each entry is {path as `#include` names it, content}; KVATTN_EMBEDDED_SHA256 hashes them all.
 cmake_policy(SET CMP0057 NEW)
 set(src_files cpu/attention_engine.h cpu/engine_kernels.h core/convert.h kernels/common/host_device.cuh
-    kernels/variants/params.cuh kernels/variants/builtin.cuh kernels/variants/rope.cuh kernels/variants/custom.cuh)
+    kernels/variants/params.cuh kernels/variants/builtin.cuh kernels/variants/rope.cuh kernels/variants/custom.cuh
+    kernels/variants/epilogue.cuh)
 set(include_files kvattn/dtype.h)
 set(delim "kvattn_embed")
 set(table "")

@@ -21,6 +21,7 @@
 #include "support/expect_error.h"
 #include "support/host_tensor.h"
 #include "support/paged_kv.h"
+#include "support/variant_examples.h"
 
 namespace kvattn_test {
 namespace {
@@ -48,25 +49,6 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> old_;
 };
-
-std::string example_source(const std::string& file) {
-  std::ifstream f(std::string(KVATTN_SOURCE_DIR) + "/examples/variants/" + file);
-  EXPECT_TRUE(f.good()) << "examples/variants/" << file;
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-CustomVariant example(const std::string& name, std::vector<std::string> f32 = {},
-                      std::vector<std::string> i32 = {}, std::vector<CustomVariant::TensorParam> tensors = {}) {
-  CustomVariant v;
-  v.name = name;
-  v.source = example_source(name + ".h");
-  v.f32_params = std::move(f32);
-  v.i32_params = std::move(i32);
-  v.tensor_params = std::move(tensors);
-  return v;
-}
 
 // The shapes every example runs on: decode and prefill (paged, ragged), GQA, the dtypes.
 std::vector<AttnCase> cases_for(const kvattn::Variant& variant, const ref::UserHooks& hooks, Rng& rng,
@@ -424,7 +406,7 @@ TEST(CustomVariant, MissingCompilerIsAClearError) {
   EXPECT_KVATTN_ERROR(op.plan(p), "the C++ compiler '/nonexistent/kvattn-no-such-compiler' could not be run");
 }
 
-TEST(CustomVariant, GpuPlansRejectUserVariants) {
+TEST(CustomVariant, GpuPrefillPlansRejectUserVariants) {
 #if KVATTN_WITH_CUDA
   alignas(16) static uint8_t fake[64];
   const kvattn::TensorView ws(fake, DType::u8, {64}, kvattn::Device::cuda(0));
@@ -438,7 +420,7 @@ TEST(CustomVariant, GpuPlansRejectUserVariants) {
   pp.page_table = p.page_table;
   pp.page_size = p.page_size;
   kvattn::BatchPrefill op(ws);
-  EXPECT_KVATTN_ERROR(op.plan(pp), "BatchPrefill: the user variant soft_cap runs on the CPU backend only so far");
+  EXPECT_KVATTN_ERROR(op.plan(pp), "BatchPrefill: the user variant soft_cap runs on the GPU decode kernels and the CPU backend so far");
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif

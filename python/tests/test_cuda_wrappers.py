@@ -2,7 +2,8 @@
 against the float64 reference: paged decode in every layout and KV dtype (fp8 with scales), the
 decode variants, a CUDA-graph capture of the decode wrapper, paged and ragged prefill (the Hopper
 tier's long runs among them), custom masks, block-sparse, cascade, the single-request functions,
-and decode's custom mask and shared-prefix paths. Skipped without torch, a CUDA device or kvattn's
+decode's custom mask and shared-prefix paths, and user variants on the decode kernels (every
+example, split rows, a graph capture). Skipped without torch, a CUDA device or kvattn's
 CUDA backend (CI has none of them: python/tests run there on the CPU backend).
 
 Inputs are drawn in numpy as the CPU tests draw them (conftest.cast rounds to the stored dtype) and
@@ -20,6 +21,7 @@ from conftest import cast, check_lse, check_output, f64, page_table, rand
 
 torch = pytest.importorskip("torch")
 import kvattn.flashinfer as fi  # noqa: E402
+from test_custom_variant import EXAMPLE_BUILDERS, MAX_LEN, example  # noqa: E402
 from test_flashinfer_wrappers import bsr_problem, bsr_reference, cascade_levels, cascade_reference  # noqa: E402
 
 CUDA = torch.cuda.is_available() and kvattn.has_cuda_backend
@@ -286,3 +288,85 @@ def test_native_decode_custom_mask_and_shared_prefix(rng, workspace):
         out, lse = dec.run(cuda(q), (cuda(kk), cuda(vv)), return_lse=True)
         check_output(host(out), want_o, mag, "bf16", 2 * GPU_ACCUMULATION["bf16"], mode)
         check_lse(host(lse), want_lse, what=f"lse ({mode})")
+
+
+# ---- user variants on the GPU decode kernels ------------------------------------------------------
+@pytest.mark.parametrize("kv_dtype", ["bf16", "e4m3"])
+@pytest.mark.parametrize("name", sorted(EXAMPLE_BUILDERS))
+def test_user_variant_decode(rng, workspace, name, kv_dtype):
+    """Each example of examples/variants/ with its parameter tensors on the GPU, split rows (a
+    fixed split of 32 tokens) included, against the float64 reference's hooks."""
+    hq, hkv, d, ps = 32, 8, 128, 16
+    variant, hooks, _ = EXAMPLE_BUILDERS[name](rng, hq)
+    variant = variant.with_custom_values(tensors={n: torch.from_numpy(np.ascontiguousarray(t)).cuda()
+                                                  for n, t in variant.custom_tensors.items()})
+    lens = [1, 77, MAX_LEN, 33, 100, 0]
+    table, k, v, ks, vs = paged_problem(rng, lens, ps, hkv, d, "NHD", kv_dtype)
+    q = cast(rand(rng, (len(lens), hq, d)), "bf16")
+    var = ref.Var(user=hooks)
+    for split in (0, 32):
+        dec = kvattn.BatchDecode(workspace)
+        dec.plan(page_table=table, page_size=ps, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d,
+                 q_dtype=torch.bfloat16, kv_dtype=TORCH[kv_dtype], variant=variant,
+                 scheduler=kvattn.SchedulerOptions(fixed_split_size=split))
+        assert dec.kernel_name().startswith("decode_mma_") and f"_u{name}_" in dec.kernel_name(), dec.kernel_name()
+        res = dec.run(cuda(q), (cuda(k), cuda(v)), return_lse=var.has_lse())
+        out, lse = res if var.has_lse() else (res, None)
+        want_o, want_lse, mag = ref.batch_attention(f64(q), np.arange(len(lens) + 1), ks, vs, var)
+        check_gpu(out, want_o, mag, "bf16", f"out (split {split})")
+        if lse is not None:
+            check_lse(host(lse), want_lse, what=f"lse (split {split})")
+
+
+def test_user_variant_decode_cuda_graph_replays_after_replans(rng, workspace):
+    """A user variant with sinks and an output transform, captured once and replayed after
+    re-plans of the batch (graph mode keeps the staged parameter block where the capture saw it)."""
+    hq, hkv, d, ps, batch = 32, 8, 128, 16, 6
+    source = (example("learned_sink").replace("struct Variant {", "struct Variant {\n"
+              "  static float output_transform(const Params& p, float value, int, int64_t qo_pos, int, int dim) {\n"
+              "    return value * p.scale + 1e-3f * float((qo_pos + dim) % 5);\n  }"))
+    sinks = cast(rng.uniform(-3, 6, hq), "f32")
+    variant = kvattn.Variant.custom(source, name="sink_scaled", scalars={"scale": 1.25},
+                                    tensors={"sinks": torch.from_numpy(sinks).cuda()})
+    hooks = ref.UserHooks(sink_logit=lambda b, h: f64(sinks)[h],
+                          output_transform=lambda o, b, qp, h, e: o * 1.25 + 1e-3 * ((qp + e) % 5))
+    max_pages = 600
+    k = cast(rand(rng, (max_pages, ps, hkv, d)), "bf16")
+    v = cast(rand(rng, (max_pages, ps, hkv, d)), "bf16")
+    kc, vc = cuda(k), cuda(v)
+    q = cast(rand(rng, (batch, hq, d)), "bf16")
+    qc = cuda(q)
+    out = torch.empty(batch, hq, d, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(batch, hq, dtype=torch.float32, device="cuda")
+    dec = kvattn.BatchDecode(workspace)
+    graph_mode = kvattn.SchedulerOptions(cuda_graph=kvattn.GraphCapacity(batch, batch))
+
+    def plan(lens):
+        spare = max_pages - sum(-(-n // ps) for n in lens)
+        table = page_table(rng, lens, ps, spare_pages=spare)[:3]
+        dec.plan(page_table=table, page_size=ps, num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d,
+                 q_dtype=torch.bfloat16, variant=variant, scheduler=graph_mode)
+        return table
+
+    def check(table):
+        ks = ref.gather_paged(f64(k), "NHD", *table, ps)
+        vs = ref.gather_paged(f64(v), "NHD", *table, ps)
+        want_o, want_lse, mag = ref.batch_attention(f64(q), np.arange(batch + 1), ks, vs, ref.Var(user=hooks))
+        check_gpu(out, want_o, mag, "bf16")
+        check_lse(host(lse), want_lse)
+
+    table = plan([100] * batch)
+    dec.run(qc, (kc, vc), out=out, lse=lse)  # compiles before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.run(qc, (kc, vc), out=out, lse=lse)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(table)
+    for lens in ([3000, 1, 64, 700, 0, 4000], [17, 5000, 9, 1, 300, 1200]):
+        table = plan(lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(table)

@@ -54,7 +54,15 @@ std::string custom_params_source(const CustomVariant& v) {
     offset += tensor_bytes(t.ndim);
   }
   if (offset == 0) os << "  alignas(8) int32_t unused_;\n";
-  os << "};\n" << asserts.str() << "static_assert(sizeof(Params) == " << (offset == 0 ? 8 : offset) << ");\n";
+  // NVRTC has no offsetof: device code checks the size, the host compile every offset too.
+  os << "};\n#if !defined(__CUDACC_RTC__)\n" << asserts.str() << "#endif\nstatic_assert(sizeof(Params) == " << (offset == 0 ? 8 : offset) << ");\n";
+  return os.str();
+}
+
+std::string custom_variant_namespace(const CustomVariant& v, const std::string& resume_file) {
+  std::ostringstream os;
+  os << "namespace kvattn_user {\nusing ::kvattn::user::Tensor;\n" << custom_params_source(v) << "#line 1 \""
+     << v.name << ".variant\"\n" << v.source << "\n#line 1 \"" << resume_file << "\"\n}  // namespace kvattn_user\n";
   return os.str();
 }
 

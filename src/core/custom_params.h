@@ -14,6 +14,10 @@ namespace kvattn::detail {
 // `struct Params { ... };` with static_asserts of its size and offsets.
 std::string custom_params_source(const CustomVariant& v);
 
+// `namespace kvattn_user { Params; the user's source under #line 1 "<name>.variant" }`, what the
+// CPU shared object and the GPU kernels compile; `resume_file` names the lines after it.
+std::string custom_variant_namespace(const CustomVariant& v, const std::string& resume_file);
+
 // Checks `values` against the declaration (every parameter given once, nothing else; tensors of
 // the declared dtype and ndim, on `device`) and packs them. Throws kvattn::Error naming the
 // parameter.

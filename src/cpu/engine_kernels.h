@@ -12,6 +12,7 @@
 
 #include "core/convert.h"
 #include "cpu/attention_engine.h"
+#include "kernels/variants/epilogue.cuh"
 
 namespace kvattn::cpu {
 
@@ -160,7 +161,6 @@ void store_unit_with(const EngineProblem& p, const WorkUnit& u, const UnitState&
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int dvo = p.head_dim_vo;
   const size_t osz = dtype_size(p.o_dtype);
-  const bool sink = Variant::kHasSink && Variant::use_softmax(vp);
   thread_local std::vector<float> row;
   row.resize(size_t(dvo));
   for (int64_t r = 0; r < u.q_end - u.q_begin; ++r) {
@@ -169,20 +169,11 @@ void store_unit_with(const EngineProblem& p, const WorkUnit& u, const UnitState&
       const int h = u.kv_head * group + g;
       const int64_t qi = r * group + g;
       const float* o = st.o + qi * dvo;
-      float lse = st.lse[qi], scale = vp.v_scale;
-      if (sink) {  // the sink's e^s joins the denominator: o scales by d / (d + e^s), lse moves
-        const float s2 = Variant::sink_logit(vp, u.request, h) * kEngineLog2e;
-        const float m = std::max(lse, s2);
-        const float total = m + std::log2(std::exp2(lse - m) + std::exp2(s2 - m));
-        if (lse != kEngineNegInf) scale *= std::exp2(lse - total);
-        lse = total;
-      }
-      for (int e = 0; e < dvo; ++e) row[size_t(e)] = o[e] * scale;
-      if constexpr (Variant::kHasOutput) {
-        const int64_t q_pos = req.q_pos0 + u.q_begin + r;
-        for (int e = 0; e < dvo; ++e)
-          row[size_t(e)] = Variant::output_transform(vp, row[size_t(e)], u.request, q_pos, h, e);
-      }
+      float lse = st.lse[qi];
+      for (int e = 0; e < dvo; ++e) row[size_t(e)] = o[e] * vp.v_scale;
+      // A user variant's sink and output_transform, as the GPU kernels apply them.
+      if constexpr (kernels::kHasRowEpilogue<Variant>)
+        kernels::finish_row<Variant>(vp, u.request, req.q_pos0 + u.q_begin + r, h, 0, row.data(), dvo, lse);
       convert::store_row(p.out + (out_row * p.o_row_stride + h * p.o_head_stride) * osz,
                          p.o_dtype, dvo, row.data());
       if (p.lse) p.lse[out_row * p.lse_row_stride + h * p.lse_head_stride] = lse;

@@ -193,6 +193,8 @@ GpuKernels decode_kernels_for(const AttentionPlan& plan, const TensorView& works
   batch.kv_len = plan.kv_len;
   batch.num_kv_heads = plan.shape.num_kv_heads;
   batch.cuda_graph = plan.scheduler.cuda_graph.has_value();
+  // User variants run on the decode kernels (the prefill kernels' decode shape does not take them).
+  if (plan.shape.variant.custom) return GpuKernels::decode;
   return cuda::decode_uses_prefill_kernels(decode_key(plan), limits, active_overrides(), batch)
              ? GpuKernels::prefill
              : GpuKernels::decode;
@@ -203,8 +205,9 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
                                      const TensorView& workspace, const SchedulerOptions& scheduler,
                                      void* stream) {
   validate::gpu_workspace(workspace);
-  KVATTN_CHECK(!plan.shape.variant.custom, plan.api, ": the user variant ", plan.shape.variant.custom->name,
-               " runs on the CPU backend only so far (the GPU kernels do not take user variants yet); plan "
+  KVATTN_CHECK(!plan.shape.variant.custom || kernels == GpuKernels::decode, plan.api, ": the user variant ",
+               plan.shape.variant.custom ? plan.shape.variant.custom->name : "", " runs on the GPU decode kernels "
+               "and the CPU backend so far (the GPU prefill kernels do not take user variants yet); plan "
                "without a CUDA workspace, with host tensors");
   if (plan.kind == KVKind::block_sparse) lower_block_sparse(plan);
   auto gpu = std::make_unique<CudaPlan>();
@@ -235,6 +238,8 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
     pr.device_kv_indices = plan.device_kv_indices;
     pr.kv_len = kv_len;
     pr.scheduler = scheduler;
+    pr.custom = s.variant.custom.get();
+    pr.custom_params = plan.custom_params;
     gpu->decode->plan(pr, bytes, num_bytes, workspace.device().index, cuda_stream);
   } else {
     if (!gpu->prefill) gpu->prefill = std::make_shared<cuda::PrefillRunner>();

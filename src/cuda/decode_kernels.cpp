@@ -29,7 +29,7 @@ std::string DecodeKernelConfig::name() const {
     const std::string kind = tma ? "_tma" : "_bulk";
     n += stages == 3 ? kind : kind + "_s" + std::to_string(stages);
   }
-  return n;
+  return n + variant_name_suffix(user_variant);
 }
 
 DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits& limits, const detail::Overrides& ov) {
@@ -49,6 +49,7 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
   c.o_dtype = key.o_dtype;
   c.head_dim_qk = dqk;
   c.head_dim_vo = dvo;
+  c.user_variant = key.user_variant;
   // Decode queries sit at the last position, so the causal mask never hides a key: drop its bit.
   c.features = features & ~uint32_t(kernels::kCausal);
   c.page_size = (page_size > 0 && page_size <= 128 && (page_size & (page_size - 1)) == 0) ? page_size : 0;
@@ -69,7 +70,8 @@ DecodeKernelConfig choose_decode(const DecodeProblemKey& key, const DeviceLimits
                                         ? DecodeKernelChoice::decode
                                         : ov.decode_kernel.value_or(DecodeKernelChoice::decode);
   const bool own_choice = kernel == DecodeKernelChoice::decode;
-  c.transposed = c.tensor_cores && !fp8_kv && kernel == DecodeKernelChoice::transposed;  // 2-byte K/V only
+  // 2-byte K/V only; the transposed kernel takes built-in variants only.
+  c.transposed = c.tensor_cores && !fp8_kv && !key.user_variant && kernel == DecodeKernelChoice::transposed;
   // Query heads per CTA: the largest divisor of the group up to the kernel's rows. The tensor-core
   // kernels take two 16-row M tiles (17-32 heads: MQA and large groups read each KV byte once per
   // 32 heads, not per 16) where the accumulators fit (head_dim_vo <= 128); the transposed kernel
@@ -169,6 +171,9 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   member("int", "page_size", std::to_string(c.page_size));
   member("uint32_t", "features", std::to_string(c.features) + "u");
   member("int", "stages", std::to_string(c.stages));
+  KVATTN_CHECK(!(c.user_variant && c.tensor_cores && c.transposed), "decode kernel ", c.name(),
+               ": the transposed decode kernel does not take user variants");
+  config += variant_member(c.user_variant, c.features);
   std::string kernel;
   if (c.tensor_cores) {
     member("int", "warps", std::to_string(c.threads / 32));
@@ -186,7 +191,11 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
   config += "};\n";
   // The L2 prefetch hint on the K/V copies (an experiment, docs/DECISIONS.md).
   if (c.l2_prefetch > 0) spec.options.push_back("-DKVATTN_L2_PREFETCH=" + std::to_string(c.l2_prefetch));
-  spec.source += "#include \"kernels/decode/persistent.cuh\"\n" + config +
+  if (c.user_variant) {
+    spec.user_file = c.user_variant->file;
+    spec.user_source = c.user_variant->source;
+  }
+  spec.source += "#include \"kernels/decode/persistent.cuh\"\n" + variant_definitions(c.user_variant) + config +
                  "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
                  spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
                  "  extern __shared__ __align__(16) char smem[];\n"
@@ -256,16 +265,23 @@ bool decode_uses_prefill_kernels(const DecodeProblemKey& key, const DeviceLimits
 KernelSpec decode_merge_spec(const DecodeKernelConfig& c, const std::string& arch) {
   const bool sigmoid = c.features & kernels::kSigmoid;
   KernelSpec spec;
-  spec.name = "decode_merge_" + std::string(dtype_name(c.o_dtype)) + "_hd" +
-              std::to_string(c.head_dim_vo) + (sigmoid ? "_sigmoid" : "");
+  // The merge reads only the softmax switch of the built-in features (and a user variant's hooks).
+  const uint32_t features = c.user_variant ? c.features : sigmoid ? uint32_t(kernels::kSigmoid) : 0u;
+  spec.name = "decode_merge_" + std::string(dtype_name(c.o_dtype)) + "_hd" + std::to_string(c.head_dim_vo) +
+              (c.user_variant ? "_f" + std::to_string(features) : sigmoid ? "_sigmoid" : "") +
+              variant_name_suffix(c.user_variant);
   spec.entry = entry_symbol(spec.name);
   spec.arch = arch;
-  spec.source = "#include \"kernels/decode/persistent.cuh\"\n"
+  if (c.user_variant) {
+    spec.user_file = c.user_variant->file;
+    spec.user_source = c.user_variant->source;
+  }
+  spec.source = "#include \"kernels/decode/persistent.cuh\"\n" + variant_definitions(c.user_variant) +
+                "struct KernelConfig {\n" + variant_member(c.user_variant, features) + "};\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kDecodeMergeThreads) +
                 ") " + spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
                 "  kvattn::kernels::decode::merge_partials<" + code(c.o_dtype) + ", " +
-                std::to_string(c.head_dim_vo) + ", " + std::to_string(sigmoid ? kernels::kSigmoid : 0u) +
-                "u>(p);\n}\n";
+                std::to_string(c.head_dim_vo) + ", KernelConfig::Variant>(p);\n}\n";
   return spec;
 }
 

@@ -9,6 +9,7 @@
 #include "core/overrides.h"
 #include "cuda/device_limits.h"
 #include "cuda/jit.h"
+#include "cuda/kernel_variant.h"
 #include "kernels/common/merge_rows.cuh"
 #include "kvattn/dtype.h"
 
@@ -42,6 +43,8 @@ struct DecodeKernelConfig {
   // One CTA per item: the CTAs per SM that the planner's split-KV fills (decode_default_workers).
   // Not part of the kernel: it shapes the plan.
   int split_ctas_per_sm = 1;
+  // A user variant composed with the built-in one of `features` (not the transposed kernel).
+  std::optional<UserVariantCode> user_variant;
 
   // "decode_mma_bf16_hd128_g4_p16_f0" ("..._t" when transposed, "..._bulk" or "..._bulk_s<stages>"
   // when bulk, the latter for stages other than 3; "..._tma" / "..._tma_s<stages>" likewise)
@@ -57,6 +60,7 @@ struct DecodeProblemKey {
   int page_size = 16;
   uint32_t features = 0;       // kernels::VariantFeature bits
   bool skewed_batch = false;   // decode_batch_is_skewed
+  std::optional<UserVariantCode> user_variant;  // a user variant (docs/VARIANTS.md)
 };
 
 // The heuristic, from measurements on the H200 (docs/DECISIONS.md): tensor cores whenever the KV

@@ -53,7 +53,7 @@ void attach_page_runs(WorkItem* items, int64_t n, std::span<const int32_t> kv_in
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
   int64_t items = 0, worker_begin = 0, slice_slots = 0, merges = 0, slot_merge = 0, merge_counters = 0,
-          error = 0, indices = 0, end = 0;
+          error = 0, user_params = 0, indices = 0, end = 0;
   int64_t meta_begin() const { return items; }
 };
 
@@ -92,6 +92,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   key.page_size = pr.page_size;
   key.features = pr.variant.features;
   key.skewed_batch = skewed;
+  if (pr.custom) key.user_variant = user_variant_code(*pr.custom);
   DecodeKernelConfig cfg = choose_decode(key, limits, ov);
   // A captured run() replays its kernel: whatever else chose it (an override read at
   // this plan) must not choose another between graph-mode plans (the wrappers check the rest).
@@ -155,7 +156,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   L.slot_merge = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
   L.merge_counters = L.slot_merge + plan.slot_capacity() * 4;
   L.error = L.merge_counters + merge_cap * head_chunks * 4;
-  L.indices = L.error + kPageErrorWords * 4;
+  L.user_params = align_up(L.error + kPageErrorWords * 4);
+  L.indices = L.user_params + int64_t(pr.custom_params.size_bytes());
   const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
   L.end = L.indices + nnz * 4;
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
@@ -181,7 +183,10 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   wb[slice_workers] = int32_t(pos);
   attach_page_runs(items, pos, pr.kv_indptr, pr.kv_len);
   *reinterpret_cast<int32_t*>(host + L.slice_slots) = int32_t(plan.slice_slots());
-  stage_merges(plan, reinterpret_cast<MergeEntry*>(host + L.merges), merge_cap);
+  auto* merges = reinterpret_cast<MergeEntry*>(host + L.merges);
+  stage_merges(plan, merges, merge_cap);
+  for (int64_t i = 0; i < plan.num_merges(); ++i)  // DeviceMergeEntry: decode's q_begin is the query's position
+    merges[i].q_begin = pr.kv_len[size_t(merges[i].request)] - 1;
   // Only the in-kernel fold reads these (else they travel as garbage); graph mode fills them
   // always, since a graph captured with the fold keeps reading them after a re-plan without it.
   if (fold_in_kernel || opts.cuda_graph) {
@@ -194,6 +199,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
     std::memset(host + L.merge_counters, 0, size_t(merge_cap * head_chunks) * 4);
   }
   std::memset(host + L.error, 0, kPageErrorWords * 4);
+  if (!pr.custom_params.empty()) std::memcpy(host + L.user_params, pr.custom_params.data(), pr.custom_params.size_bytes());
   if (nnz > 0) std::memcpy(host + L.indices, pr.kv_indices.data(), size_t(nnz) * 4);
   char* ws = static_cast<char*>(workspace);
   trace.mark("stage");
@@ -222,6 +228,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   b.num_qo_heads = pr.num_qo_heads;
   b.num_kv_heads = pr.num_kv_heads;
   b.variant = pr.variant;
+  b.variant.user_params = pr.custom ? ws + L.user_params : nullptr;
   // The merge kernel's shape (common/merge_rows.cuh): warps per head from the most slots an entry
   // has; a captured launch keeps its shape, so graph mode takes a fixed middle value.
   // About 4 slots per warp: one round of loads in flight (1 x 4096 +2%, 1 x 32k + 63 x 512 +1% on

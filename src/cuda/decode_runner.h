@@ -31,6 +31,10 @@ struct DecodeProblem {
   const int32_t* device_kv_indices = nullptr;
   std::span<const int32_t> kv_len;
   SchedulerOptions scheduler;
+  // A user variant (null: none) and its packed parameters (core/custom_params.h), which plan()
+  // stages into the workspace for variant.user_params.
+  const CustomVariant* custom = nullptr;
+  std::span<const uint64_t> custom_params;
 };
 
 // The limits of `device` for the kernel choices; throws when there is no CUDA device.

@@ -32,6 +32,9 @@ struct KernelSpec {
   std::string source;                // generated TU: #include "kernels/..." + the entry
   std::vector<std::string> options;  // extra NVRTC options, e.g. "-DKVATTN_TILE=64"
   std::string arch;                  // "sm_90a", "sm_80", ...
+  // A user variant's file name ("<name>.variant", as #line gives it in `source`) and text, so that
+  // a failure quotes the user's own lines first. Not part of the key (`source` holds the text).
+  std::string user_file, user_source;
 };
 
 // The extern "C" symbol of a kernel named `name`: "kvattn_" + the name with every character that

@@ -45,6 +45,16 @@ std::string explain_failure(const KernelSpec& spec, const std::string& program_n
   for (const auto& f : embedded_kernel_files()) files[f.path] = split_lines(f.content);
 
   std::ostringstream os;
+  if (!spec.user_file.empty()) {
+    // A user variant: its own lines (as "<name>.variant(LINE)") come first.
+    files[spec.user_file] = split_lines(spec.user_source);
+    os << "custom variant " << spec.user_file.substr(0, spec.user_file.size() - 8)
+       << " does not compile for the GPU (NVRTC " << nvrtc_version() << ", " << spec.arch << "):\n";
+    std::istringstream in(log);
+    for (std::string line; std::getline(in, line);)
+      if (line.find(spec.user_file) != std::string::npos) os << line << "\n";
+    os << "\nthe whole log:\n";
+  }
   os << "NVRTC " << nvrtc_version() << " failed to compile kernel " << spec.name << " (entry "
      << spec.entry << ") for " << spec.arch << ":\n" << log;
   static const std::regex cite(R"(([^\s()]+)\((\d+)\): (error|warning))");

@@ -90,10 +90,10 @@ __device__ __forceinline__ int32_t checked_row_page(const DecodeParams& p, const
 
 // Template order as every kernel family's: q, KV (the MMA type: tensor cores take q == KV), output.
 template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
-          int STAGES, int WARPS>
+          int STAGES, int WARPS, class VARIANT = BuiltinVariant<FEATURES>>
 struct DecodeBulkKernel {
   // The math, the q rows and the merge (and its buffers at offset 0) are DecodeMmaKernel's.
-  using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
+  using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS, VARIANT>;
   static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
   static constexpr int kThreads = Base::kThreads;
   static constexpr int kTile = Base::kTile;
@@ -213,6 +213,6 @@ struct DecodeBulkKernel {
 // o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, stages, warps).
 template <class C>
 using DecodeBulkKernelFor = DecodeBulkKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo, C::heads_per_cta,
-                        C::page_size, C::features, C::stages, C::warps>;
+                        C::page_size, C::features, C::stages, C::warps, typename C::Variant>;
 
 }  // namespace kvattn::kernels::decode

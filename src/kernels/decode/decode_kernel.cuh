@@ -13,16 +13,18 @@
 #include "kernels/decode/params.cuh"
 #include "kernels/decode/smem_layout.cuh"
 #include "kernels/decode/split_fold.cuh"
-#include "kernels/variants/builtin.cuh"
+#include "kernels/variants/epilogue.cuh"
 
 namespace kvattn::kernels::decode {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// VARIANT: the built-in variant of FEATURES, or a user variant composed with it
+// (variants/custom.cuh).
 template <int QDT, int KVDT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
-          int TILE, int STAGES, int THREADS>
+          int TILE, int STAGES, int THREADS, class VARIANT = BuiltinVariant<FEATURES>>
 struct DecodeKernel {
-  using Variant = BuiltinVariant<FEATURES>;
+  using Variant = VARIANT;
   static constexpr int kKVBytes = DTypeInfo<KVDT>::bytes;
   static constexpr int kChunk = 16 / kKVBytes;              // elements per 16-byte chunk
   static constexpr int kChunksK = DQK * kKVBytes / 16;      // 16-byte chunks per K row
@@ -167,7 +169,7 @@ struct DecodeKernel {
       float* sc = s.score + h * TILE;
       if (!Variant::use_softmax(p.variant)) {
         for (int t = lane; t < TILE; t += 32)
-          sc[t] = sc[t] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, sc[t]);
+          sc[t] = sc[t] == -INFINITY ? 0.0f : Variant::weight(p.variant, sc[t]);
         if (lane == 0) s.scale[h] = 1.0f;
         continue;
       }
@@ -310,6 +312,8 @@ struct DecodeKernel {
       if (poisoned) o = lse = NAN;
       const int qo_head = head0 + h;
       if (item.partial_slot < 0) {
+        if constexpr (kHasRowEpilogue<Variant>)
+          finish_row<Variant>(p.variant, item.request, decode_query_position(item), qo_head, e, &o, 1, lse);
         store_from_f32<ODT>(p.o, item.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
         if (p.lse && e == 0) p.lse[item.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
       } else {
@@ -318,7 +322,7 @@ struct DecodeKernel {
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
-    fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
+    fold_split_if_last<ODT, DVO, Variant>(p, item, head0 - item.kv_head * group, GH);
   }
 };
 
@@ -328,6 +332,6 @@ struct DecodeKernel {
 template <class C>
 using DecodeKernelFor = DecodeKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo,
                                      C::heads_per_cta, C::page_size, C::features, C::tile_tokens, C::stages,
-                                     C::threads>;
+                                     C::threads, typename C::Variant>;
 
 }  // namespace kvattn::kernels::decode

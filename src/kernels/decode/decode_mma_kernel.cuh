@@ -29,15 +29,17 @@
 #include "kernels/decode/params.cuh"
 #include "kernels/decode/smem_layout.cuh"
 #include "kernels/decode/split_fold.cuh"
-#include "kernels/variants/builtin.cuh"
+#include "kernels/variants/epilogue.cuh"
 
 namespace kvattn::kernels::decode {
 
 // Template order as every kernel family's: q, KV (the MMA type: tensor cores take q == KV), output.
+// VARIANT: the built-in variant of FEATURES, or a user variant composed with it
+// (variants/custom.cuh).
 template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
-          int STAGES, int WARPS>
+          int STAGES, int WARPS, class VARIANT = BuiltinVariant<FEATURES>>
 struct DecodeMmaKernel {
-  using Variant = BuiltinVariant<FEATURES>;
+  using Variant = VARIANT;
   static constexpr bool kFp8 = DT == kE4M3 || DT == kE5M2;
   static_assert(DT == kF16 || DT == kBF16 || kFp8, "the tensor-core decode reads f16, bf16 or fp8 KV");
   static_assert(kFp8 ? (QDT == kF16 || QDT == kBF16) : QDT == DT, "q is the KV dtype, or f16/bf16 over fp8 KV");
@@ -357,7 +359,7 @@ struct DecodeMmaKernel {
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            s[mt][n][j] = s[mt][n][j] == -INFINITY ? 0.0f : Variant::sigmoid_weight(p.variant, s[mt][n][j] / kLog2e);
+            s[mt][n][j] = s[mt][n][j] == -INFINITY ? 0.0f : Variant::weight(p.variant, s[mt][n][j] / kLog2e);
       }
     }
     // O += P V, P as the A fragment (16 heads x 16 tokens) of each M tile.
@@ -482,6 +484,8 @@ struct DecodeMmaKernel {
       if (poisoned) lse = NAN;
       const int qo_head = head0 + row;
       if (item.partial_slot < 0) {
+        if constexpr (kHasRowEpilogue<Variant>)
+          finish_row<Variant>(p.variant, item.request, decode_query_position(item), qo_head, e, o, 4, lse);
         const int64_t at = item.request * p.o_stride_n + qo_head * p.o_stride_h + e;
 #pragma unroll
         for (int j = 0; j < 4; ++j) store_from_f32<ODT>(p.o, at + j, o[j]);
@@ -493,7 +497,7 @@ struct DecodeMmaKernel {
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
-    fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
+    fold_split_if_last<ODT, DVO, Variant>(p, item, head0 - item.kv_head * group, GH);
   }
 
   static __device__ void run_item(const DecodeParams& p, char* smem, const DeviceDecodeItem& item) {
@@ -556,6 +560,6 @@ struct DecodeMmaKernel {
 // o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, stages, warps).
 template <class C>
 using DecodeMmaKernelFor = DecodeMmaKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo, C::heads_per_cta,
-                        C::page_size, C::features, C::stages, C::warps>;
+                        C::page_size, C::features, C::stages, C::warps, typename C::Variant>;
 
 }  // namespace kvattn::kernels::decode

@@ -331,7 +331,7 @@ struct DecodeMmaTKernel {
         if (e == 0) p.partial_lse[int64_t(item.partial_slot) * group + gh] = lse;
       }
     }
-    fold_split_if_last<ODT, DVO, FEATURES>(p, item, head0 - item.kv_head * group, GH);
+    fold_split_if_last<ODT, DVO, Variant>(p, item, head0 - item.kv_head * group, GH);
   }
 };
 

@@ -52,9 +52,9 @@ __device__ __forceinline__ void prefetch_tensor_map(const void* map) {
 
 // Template order as every kernel family's: q, KV (the MMA type: tensor cores take q == KV), output.
 template <int QDT, int DT, int ODT, int DQK, int DVO, int GH, int PAGE, uint32_t FEATURES,
-          int STAGES, int WARPS>
+          int STAGES, int WARPS, class VARIANT = BuiltinVariant<FEATURES>>
 struct DecodeTmaKernel {
-  using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS>;
+  using Base = DecodeMmaKernel<QDT, DT, ODT, DQK, DVO, GH, PAGE, FEATURES, STAGES, WARPS, VARIANT>;
   static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
   static constexpr int kKVBytes = Base::kKVBytes;
   static constexpr int kBoxDims = 128 / kKVBytes;  // a box row is 128 bytes: 64 dims, or 128 of fp8
@@ -206,6 +206,6 @@ struct DecodeTmaKernel {
 // o_dtype, head_dim_qk, head_dim_vo, heads_per_cta, page_size, features, stages, warps).
 template <class C>
 using DecodeTmaKernelFor = DecodeTmaKernel<C::q_dtype, C::kv_dtype, C::o_dtype, C::head_dim_qk, C::head_dim_vo, C::heads_per_cta,
-                        C::page_size, C::features, C::stages, C::warps>;
+                        C::page_size, C::features, C::stages, C::warps, typename C::Variant>;
 
 }  // namespace kvattn::kernels::decode

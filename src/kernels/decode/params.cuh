@@ -37,7 +37,9 @@ struct DeviceDecodeItem {
 };
 
 // Partial slots [slot_begin, slot_begin + num_slots) fold into rows [q_begin, q_end) of a request
-// for the heads of kv_head. request < 0: an unused entry of a CUDA-graph plan.
+// for the heads of kv_head. request < 0: an unused entry of a CUDA-graph plan. Decode stages
+// q_begin as the query's position (kv_len - 1; a user variant's output_transform reads it) and
+// reads no q_end.
 struct DeviceMergeEntry {
   int32_t request;
   int32_t kv_head;
@@ -100,6 +102,9 @@ struct DecodeParams {
 };
 
 #if defined(__CUDACC__)  // device code (NVRTC or nvcc); host code includes this file for the layout
+// A decode query sits at its request's last position (SEMANTICS.md, bottom-right alignment).
+__device__ __forceinline__ int64_t decode_query_position(const DeviceDecodeItem& item) { return item.kv_len - 1; }
+
 // The page id at position `pos` of kv_indices, or -1 when it lies outside [0, num_pages): then
 // nothing is read through it, the first such id is recorded in p.error (BatchDecode::
 // check_errors() reports it), and the caller poisons its rows with NaN. Page tables that live on

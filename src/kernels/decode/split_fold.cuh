@@ -17,13 +17,13 @@
 #include "kernels/common/merge_rows.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/decode/params.cuh"
-#include "kernels/variants/builtin.cuh"
+#include "kernels/variants/epilogue.cuh"
 
 namespace kvattn::kernels::decode {
 
 // Folds the slots of merge entry `m` for the group heads [gh_begin, gh_end), threads tid, tid +
 // nthreads, ... over (head, 4 dims), and writes the request's output row (and LSE).
-template <int ODT, int DVO, uint32_t FEATURES>
+template <int ODT, int DVO, class Variant>
 __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int gh_begin, int gh_end, int tid,
                            int nthreads) {
   static_assert(DVO % 4 == 0, "four elements per thread");
@@ -31,7 +31,7 @@ __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int
   // raised its kernels from 96 to 128 registers (their main loops need fewer than hd 128's).
   constexpr int kFoldInFlight = DVO >= 128 ? 8 : 4;
   const int group = p.num_qo_heads / p.num_kv_heads;
-  const bool softmax_on = BuiltinVariant<FEATURES>::use_softmax(p.variant);
+  const bool softmax_on = Variant::use_softmax(p.variant);
   for (int i = tid; i < (gh_end - gh_begin) * (DVO / 4); i += nthreads) {
     const int gh = gh_begin + i / (DVO / 4), e = 4 * (i % (DVO / 4));
     const FoldedState4 f =
@@ -39,12 +39,15 @@ __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int
                      p.partial_o + (int64_t(m.slot_begin) * group + gh) * DVO + e, int64_t(group) * DVO,
                      m.num_slots, softmax_on);
     // A NaN state (a bad page id) makes the row NaN.
-    const float o[4] = {f.o.x, f.o.y, f.o.z, f.o.w};
+    float o[4] = {f.o.x, f.o.y, f.o.z, f.o.w};
+    float lse = f.lse;
+    if (f.nan_state) o[0] = o[1] = o[2] = o[3] = lse = NAN;
     const int qo_head = m.kv_head * group + gh;
+    if constexpr (kHasRowEpilogue<Variant>) finish_row<Variant>(p.variant, m.request, m.q_begin, qo_head, e, o, 4, lse);
     const int64_t at = m.request * p.o_stride_n + qo_head * p.o_stride_h + e;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) store_from_f32<ODT>(p.o, at + j, f.nan_state ? NAN : o[j]);
-    if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = f.nan_state ? NAN : f.lse;
+    for (int j = 0; j < 4; ++j) store_from_f32<ODT>(p.o, at + j, o[j]);
+    if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
   }
 }
 
@@ -53,7 +56,7 @@ __device__ void fold_slots(const DecodeParams& p, const DeviceMergeEntry& m, int
 // (common/merge_rows.cuh). Launched with PDL it starts while the decode kernel runs: the entry
 // (written by plan(), before the decode kernel) is read before the wait for the decode grid, so
 // that its load (DRAM, after a cold start) is off the path from the last decode CTA to the output.
-template <int ODT, int DVO, uint32_t FEATURES>
+template <int ODT, int DVO, class Variant>
 __device__ void merge_partials(const DecodeParams& p) {
   const DeviceMergeEntry m = p.merges[blockIdx.x];
   wait_for_prerequisite_grid();
@@ -67,7 +70,8 @@ __device__ void merge_partials(const DecodeParams& p) {
   fold_row_across_warps<DVO>(
       p.partial_lse + int64_t(m.slot_begin) * group + g, group,
       p.partial_o + (int64_t(m.slot_begin) * group + g) * DVO, int64_t(group) * DVO, m.num_slots,
-      BuiltinVariant<FEATURES>::use_softmax(p.variant), row_warps, valid, [&](int e, float o, float lse) {
+      Variant::use_softmax(p.variant), row_warps, valid, [&](int e, float o, float lse) {
+        if constexpr (kHasRowEpilogue<Variant>) finish_row<Variant>(p.variant, m.request, m.q_begin, qo_head, e, &o, 1, lse);
         store_from_f32<ODT>(p.o, m.request * p.o_stride_n + qo_head * p.o_stride_h + e, o);
         if (p.lse && e == 0) p.lse[m.request * p.lse_stride_n + qo_head * p.lse_stride_h] = lse;
       });
@@ -77,7 +81,7 @@ __device__ void merge_partials(const DecodeParams& p) {
 // gh_begin + gh_count) of the group). Does nothing unless the item is a split row and the plan
 // asked for in-kernel folding (p.merge_counters set); then the CTA that completes the count of
 // (entry, blockIdx.y) folds that entry's heads of this chunk.
-template <int ODT, int DVO, uint32_t FEATURES>
+template <int ODT, int DVO, class Variant>
 __device__ void fold_split_if_last(const DecodeParams& p, const DeviceDecodeItem& item, int gh_begin, int gh_count) {
   if (item.partial_slot < 0 || p.merge_counters == nullptr) return;  // the same for the whole CTA
   __syncthreads();  // every thread's partial stores come before thread 0's fence (which is cumulative)
@@ -91,7 +95,7 @@ __device__ void fold_split_if_last(const DecodeParams& p, const DeviceDecodeItem
   }
   if (!__syncthreads_or(last)) return;
   __threadfence();  // the other CTAs' partial states are read after their counts
-  fold_slots<ODT, DVO, FEATURES>(p, p.merges[entry], gh_begin, gh_begin + gh_count, threadIdx.x, blockDim.x);
+  fold_slots<ODT, DVO, Variant>(p, p.merges[entry], gh_begin, gh_begin + gh_count, threadIdx.x, blockDim.x);
 }
 
 }  // namespace kvattn::kernels::decode

@@ -1,0 +1,250 @@
+// User variants in the GPU decode kernels against the float64 reference (whose hooks are the same
+// formulas in double): every example of examples/variants/ that means something for decode, on
+// each decode kernel family (TMA, bulk copies at page 1, CUDA cores for f32 and fused RoPE, fp8
+// K/V, two M tiles at group 32), with split rows folded by the merge kernel and in-kernel, device
+// page tables and graph-mode re-plans. The parameter tensors live on the device. Every case skips
+// where there is no CUDA device (CI compiles these kernels: cuda_user_variant_jit_test.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/attention_case.h"
+#include "support/gpu_skip.h"
+#include "support/host_tensor.h"
+#include "support/scoped_override.h"
+#include "support/variant_examples.h"
+
+#if KVATTN_WITH_CUDA
+#include "support/device_mirror.h"
+#endif
+
+namespace kvattn_test {
+namespace {
+
+using kvattn::CustomVariant;
+using kvattn::DType;
+
+#if KVATTN_WITH_CUDA
+
+// One example with its parameter tensors on cuda:0 (host copies kept for the mirrors) and its
+// hooks in double for the reference.
+struct GpuExample {
+  std::string name;
+  std::vector<std::unique_ptr<HostTensor>> host;
+  std::vector<std::unique_ptr<DeviceMirror>> device;
+  kvattn::Variant variant;
+  ref::UserHooks hooks;
+
+  kvattn::TensorView on_device(HostTensor t) {
+    host.push_back(std::make_unique<HostTensor>(std::move(t)));
+    device.push_back(std::make_unique<DeviceMirror>(*host.back()));
+    return device.back()->view();
+  }
+};
+
+constexpr int kHeads = 32;     // query heads of every case (the KV heads divide them)
+constexpr int64_t kMaxLen = 3000;
+
+std::vector<std::unique_ptr<GpuExample>> decode_examples(Rng& rng) {
+  std::vector<std::unique_ptr<GpuExample>> out;
+  auto add = [&](const char* name) {
+    out.push_back(std::make_unique<GpuExample>());
+    out.back()->name = name;
+    return out.back().get();
+  };
+  {
+    GpuExample* e = add("soft_cap");
+    const float cap = 4.0f;
+    e->hooks.logits_transform = [=](double x, int, int64_t, int64_t, int, int) { return cap * std::tanh(x / cap); };
+    e->variant = kvattn::Variant{}.with_custom(example("soft_cap", {"cap"}), {.f32 = {{"cap", cap}}});
+  }
+  {
+    GpuExample* e = add("alibi");
+    HostTensor slopes(DType::f32, {kHeads});
+    auto s = std::make_shared<std::vector<double>>(kHeads);
+    for (int h = 0; h < kHeads; ++h) slopes.set_at(h, (*s)[size_t(h)] = -0.01 * (h + 1));
+    e->hooks.logits_transform = [=](double x, int, int64_t qp, int64_t kp, int h, int) {
+      return x + (*s)[size_t(h)] * double(kp - qp);
+    };
+    e->variant = kvattn::Variant{}.with_custom(example("alibi", {}, {}, {{"slopes", DType::f32, 1}}),
+                                               {.tensors = {{"slopes", e->on_device(std::move(slopes))}}});
+  }
+  {
+    GpuExample* e = add("sigmoid");
+    const float bias = -1.5f;
+    e->hooks.use_softmax = false;
+    e->hooks.logits_transform = [=](double x, int, int64_t, int64_t, int, int) { return 1.0 / (1.0 + std::exp(-(x + bias))); };
+    e->variant = kvattn::Variant{}.with_custom(example("sigmoid", {"bias"}), {.f32 = {{"bias", bias}}});
+  }
+  {
+    GpuExample* e = add("t5_bias");
+    constexpr int kBuckets = 32, kMaxDistance = 1024;
+    HostTensor bias(DType::f32, {kHeads, kBuckets});
+    auto b = std::make_shared<std::vector<double>>(kHeads * kBuckets);
+    for (int i = 0; i < kHeads * kBuckets; ++i) bias.set_at(i, (*b)[size_t(i)] = rng.uniform(-2, 2));
+    auto bucket = [](int64_t d) {
+      const int64_t n = d < 0 ? -d : 0;
+      const int exact = kBuckets / 2;
+      if (n < exact) return int(n);
+      const float scaled = logf(float(n) / float(exact)) / logf(float(kMaxDistance) / float(exact));
+      return std::min(exact + int(scaled * float(kBuckets - exact)), kBuckets - 1);
+    };
+    e->hooks.logits_transform = [=](double x, int, int64_t qp, int64_t kp, int h, int) {
+      return x + (*b)[size_t(h * kBuckets + bucket(kp - qp))];
+    };
+    e->variant = kvattn::Variant{}.with_custom(
+        example("t5_bias", {}, {"max_distance"}, {{"bias", DType::f32, 2}}),
+        {.i32 = {{"max_distance", kMaxDistance}}, .tensors = {{"bias", e->on_device(std::move(bias))}}});
+  }
+  {
+    GpuExample* e = add("document_mask");  // positions in documents of about 300 tokens
+    HostTensor docs(DType::i32, {kMaxLen});
+    auto d = std::make_shared<std::vector<int>>(kMaxLen);
+    int doc = 0;
+    for (int64_t i = 0; i < kMaxLen; ++i) {
+      if (i > 0 && rng.coin(1.0 / 300)) ++doc;
+      docs.set_at(i, (*d)[size_t(i)] = doc);
+    }
+    e->hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return (*d)[size_t(qp)] == (*d)[size_t(kp)]; };
+    e->variant = kvattn::Variant{}.with_custom(example("document_mask", {}, {}, {{"doc_ids", DType::i32, 1}}),
+                                               {.tensors = {{"doc_ids", e->on_device(std::move(docs))}}});
+  }
+  {
+    GpuExample* e = add("streaming_sink");
+    const int sink = 4, window = 200;
+    e->hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return kp <= qp && (kp < sink || kp >= qp - window); };
+    e->variant = kvattn::Variant{}.with_custom(example("streaming_sink", {}, {"num_sink", "window"}),
+                                               {.i32 = {{"num_sink", sink}, {"window", window}}});
+  }
+  {
+    GpuExample* e = add("learned_sink");
+    HostTensor sinks(DType::f32, {kHeads});
+    auto s = std::make_shared<std::vector<double>>(kHeads);
+    for (int h = 0; h < kHeads; ++h) sinks.set_at(h, (*s)[size_t(h)] = rng.uniform(-3, 6));
+    e->hooks.sink_logit = [=](int, int h) { return (*s)[size_t(h)]; };
+    e->variant = kvattn::Variant{}.with_custom(example("learned_sink", {}, {}, {{"sinks", DType::f32, 1}}),
+                                               {.tensors = {{"sinks", e->on_device(std::move(sinks))}}});
+  }
+  {
+    GpuExample* e = add("scaled_window");  // every hook but the sink, over the built-in window and soft-cap
+    CustomVariant v;
+    v.name = "scaled_window";
+    v.source = R"(
+struct Variant {
+  static bool logits_mask(const Params& p, int, int64_t qo_pos, int64_t kv_pos, int, int) {
+    return ((qo_pos + kv_pos) % p.period) != 1;
+  }
+  static float logits_transform(const Params& p, float logit, int, int64_t, int64_t, int, int kv_head) {
+    return logit + p.shift * float(kv_head);
+  }
+  static float output_transform(const Params& p, float value, int batch, int64_t qo_pos, int qo_head, int dim) {
+    return value * p.out_scale + 0.01f * float(dim % 3) - 0.001f * float(qo_head) + 1e-4f * float((qo_pos + batch) % 7);
+  }
+};
+)";
+    v.f32_params = {"shift", "out_scale"};
+    v.i32_params = {"period"};
+    const float shift = 0.25f, out_scale = 1.5f;
+    const int period = 3;
+    e->hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return (qp + kp) % period != 1; };
+    e->hooks.logits_transform = [=](double x, int, int64_t, int64_t, int, int hk) { return x + shift * hk; };
+    e->hooks.output_transform = [=](double o, int b, int64_t qp, int h, int d) {
+      return o * out_scale + 0.01 * (d % 3) - 0.001 * h + 1e-4 * double((qp + b) % 7);
+    };
+    e->variant = kvattn::Variant{}.with_window(700).with_soft_cap(5.0f).with_custom(
+        v, {.f32 = {{"shift", shift}, {"out_scale", out_scale}}, .i32 = {{"period", period}}});
+  }
+  return out;
+}
+
+// The decode kernel families by (q, KV, head dim, group, page size, built-in extra); the fp8 and
+// 2-byte tolerances of gpu_decode_test.cpp (P rounded to the MMA type).
+struct Shape {
+  DType q, kv;
+  int hd, group, page_size;
+  bool rope;
+  const char* what;
+};
+const Shape kShapes[] = {
+    {DType::bf16, DType::bf16, 128, 4, 16, false, "TMA, bf16"},
+    {DType::f16, DType::f16, 64, 8, 1, false, "bulk copies, page 1, f16"},
+    {DType::bf16, DType::e4m3, 128, 8, 16, false, "TMA, fp8 e4m3"},
+    {DType::bf16, DType::bf16, 128, 32, 16, false, "two M tiles (MQA)"},
+    {DType::f32, DType::f32, 64, 4, 16, false, "CUDA cores, f32"},
+    {DType::bf16, DType::bf16, 128, 4, 16, true, "CUDA cores, fused RoPE"},
+};
+
+AttnCase decode_case(const Shape& s, const GpuExample& e, Rng& rng) {
+  AttnCase c;
+  c.on_gpu = true;
+  c.q_dtype = s.q;
+  c.kv_dtype = s.kv;
+  if (s.q == DType::bf16 && s.kv == DType::bf16) c.tolerance.accumulation = 0x1p-8;
+  if (s.q == DType::f16 || s.kv == DType::e4m3 || s.kv == DType::e5m2) c.tolerance.accumulation = 0x1p-10;
+  if (s.rope) c.tolerance.accumulation = 0x1p-8;
+  c.num_qo_heads = kHeads;
+  c.num_kv_heads = kHeads / s.group;
+  c.head_dim_qk = s.hd;
+  c.page_size = s.page_size;
+  c.variant = s.rope ? e.variant.with_rope(kvattn::RopeConfig{}) : e.variant;
+  c.user = &e.hooks;
+  for (int b = 0; b < 5; ++b) c.lens.push_back({1, rng.integer(1, 600)});
+  c.lens.push_back({1, kMaxLen});  // split over several CTAs: partial states merged
+  c.lens.push_back({1, 0});        // no keys (the sink alone)
+  return c;
+}
+
+TEST(GpuUserVariant, EveryExampleOnEveryDecodeKernelFamily) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  const auto examples = decode_examples(rng);
+  for (const auto& e : examples)
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(e->name + " on " + s.what);
+      AttnCase c = decode_case(s, *e, rng);
+      run_decode_case(c, rng);
+    }
+}
+
+// Split rows folded in the decode kernel by the last CTA (KVATTN_DECODE_MERGE=fold) instead of
+// the merge kernel; forced small splits; a device-resident page table.
+TEST(GpuUserVariant, SplitRowsFoldedInKernelAndDevicePageTables) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  const auto examples = decode_examples(rng);
+  ScopedOverride fold("KVATTN_DECODE_MERGE", "fold");
+  for (const auto& e : examples)
+    for (const Shape& s : {kShapes[0], kShapes[2], kShapes[4]}) {
+      SCOPED_TRACE(e->name + " on " + s.what + ", folded in the kernel");
+      AttnCase c = decode_case(s, *e, rng);
+      c.scheduler.fixed_split_size = 256;
+      c.device_page_table = true;
+      run_decode_case(c, rng);
+    }
+}
+
+// A graph-mode plan (fixed buffers, padded grids; capture and replay with a user variant are
+// python/tests/test_cuda_wrappers.py's), run three times on one plan: bitwise equal outputs.
+TEST(GpuUserVariant, GraphModePlansAndRepeatedRunsAreBitwiseEqual) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  const auto examples = decode_examples(rng);
+  for (const auto& e : examples) {
+    SCOPED_TRACE(e->name);
+    AttnCase c = decode_case(kShapes[0], *e, rng);
+    c.runs = 3;
+    c.scheduler.cuda_graph = kvattn::GraphCapacity{16, 16};
+    run_decode_case(c, rng);
+  }
+}
+
+#else
+TEST(GpuUserVariant, EveryExampleOnEveryDecodeKernelFamily) { SKIP_WITHOUT_GPU(); }
+#endif
+
+}  // namespace
+}  // namespace kvattn_test
