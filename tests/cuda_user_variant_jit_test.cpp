@@ -1,7 +1,8 @@
 // User variants in the GPU kernels, without a GPU (CI): every example of examples/variants/
 // compiles with NVRTC into each decode kernel family (CUDA cores, mma.sync over cp.async, bulk
-// copies, TMA boxes; 2-byte and fp8 KV; one and two M tiles) and its merge kernel, for sm_90a and
-// sm_80; a failing user source is reported at its own lines; names and keys follow the source.
+// copies, TMA boxes; 2-byte and fp8 KV; one and two M tiles), the prefill kernels (mma.sync and
+// the Hopper tier, ragged and paged, fp8 KV, the decode shape) and their merge kernels, for sm_90a
+// and sm_80; a failing user source is reported at its own lines; names and keys follow the source.
 #if KVATTN_WITH_CUDA
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 
 #include "cuda/decode_kernels.h"
 #include "cuda/kernel_variant.h"
+#include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
 #include "support/kernel_choice.h"
@@ -72,6 +74,52 @@ TEST(CudaUserVariant, EveryExampleCompilesIntoEveryDecodeKernelFamily) {
           EXPECT_TRUE(is_elf(r.cubin));
           std::printf("[ compile  ] %-60s %-7s %5.2f s\n", spec.name.c_str(), arch.c_str(), r.seconds);
         }
+      }
+    }
+}
+
+struct PrefillShape {
+  DType q, kv;
+  int hd, group;
+  bool paged;
+  uint32_t features;
+  int64_t max_qo_len;
+  const char* arch;
+  bool wgmma;           // the Hopper tier (sm_90a, long query runs)
+  bool uniform_decode;  // the decode shape (KV warps)
+};
+
+const PrefillShape kPrefillShapes[] = {
+    {DType::bf16, DType::bf16, 128, 4, false, kvattn::kernels::kCausal, 4096, "sm_90a", true, false},
+    {DType::bf16, DType::bf16, 128, 4, true, kvattn::kernels::kCausal, 4096, "sm_80", false, false},
+    {DType::f16, DType::e4m3, 64, 1, true, kvattn::kernels::kSoftCap, 300, "sm_90a", false, false},
+    {DType::bf16, DType::bf16, 128, 8, true, 0, 1, "sm_90a", false, true},  // decode on the prefill kernels
+};
+
+TEST(CudaUserVariant, EveryExampleCompilesIntoThePrefillKernels) {
+  for (const kvattn::CustomVariant& v : all_examples())
+    for (const PrefillShape& s : kPrefillShapes) {
+      PrefillProblemKey key;
+      key.q_dtype = key.o_dtype = s.q;
+      key.kv_dtype = s.kv;
+      key.head_dim_qk = key.head_dim_vo = s.hd;
+      key.group_size = s.group;
+      key.paged = s.paged;
+      key.page_size = 16;
+      key.features = s.features;
+      key.max_qo_len = s.max_qo_len;
+      key.uniform_decode = s.uniform_decode;
+      key.soft_cap = 30.0f;
+      key.user_variant = user_variant_code(v);
+      const PrefillKernelConfig c = choose_prefill(key, arch(s.arch), kvattn::detail::active_overrides());
+      ASSERT_EQ(c.tier == kvattn::detail::PrefillTier::wgmma, s.wgmma) << c.name();
+      ASSERT_EQ(c.kv_warps > 1, s.uniform_decode) << c.name();
+      EXPECT_NE(c.tuning.softmax, kvattn::kernels::prefill::SoftmaxForm::fixed_shift) << c.name();
+      for (const KernelSpec& spec : {prefill_spec(c, s.arch), prefill_merge_spec(c, s.arch)}) {
+        SCOPED_TRACE(spec.name + " " + s.arch);
+        const CompileResult r = compile_to_cubin(spec);
+        EXPECT_TRUE(is_elf(r.cubin));
+        std::printf("[ compile  ] %-60s %-7s %5.2f s\n", spec.name.c_str(), s.arch, r.seconds);
       }
     }
 }

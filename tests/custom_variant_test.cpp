@@ -406,26 +406,6 @@ TEST(CustomVariant, MissingCompilerIsAClearError) {
   EXPECT_KVATTN_ERROR(op.plan(p), "the C++ compiler '/nonexistent/kvattn-no-such-compiler' could not be run");
 }
 
-TEST(CustomVariant, GpuPrefillPlansRejectUserVariants) {
-#if KVATTN_WITH_CUDA
-  alignas(16) static uint8_t fake[64];
-  const kvattn::TensorView ws(fake, DType::u8, {64}, kvattn::Device::cuda(0));
-  SmallDecode d;
-  auto p = d.plan();
-  HostTensor qo = int32_tensor({0, 1});
-  kvattn::BatchPrefillPlan pp;
-  static_cast<kvattn::AttentionShape&>(pp) = p;
-  pp.variant = kvattn::Variant{}.with_custom(example("soft_cap", {"cap"}), {.f32 = {{"cap", 2.0f}}});
-  pp.qo_indptr = qo.view();
-  pp.page_table = p.page_table;
-  pp.page_size = p.page_size;
-  kvattn::BatchPrefill op(ws);
-  EXPECT_KVATTN_ERROR(op.plan(pp), "BatchPrefill: the user variant soft_cap runs on the GPU decode kernels and the CPU backend so far");
-#else
-  GTEST_SKIP() << "built without the CUDA backend";
-#endif
-}
-
 // Two processes compiling one new variant at once both succeed and leave one cache entry.
 TEST(CustomVariant, ConcurrentCompilesShareOneCacheEntry) {
   namespace fs = std::filesystem;

@@ -19,6 +19,7 @@
 #include "support/gpu_skip.h"
 #include "support/host_tensor.h"
 #include "support/paged_kv.h"
+#include "support/variant_examples.h"
 
 #if KVATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -257,6 +258,9 @@ TEST(GpuBlockSparse, PositionDependentVariantsAreRejected) {
       {kvattn::variants::alibi(), "does not support the ALiBi bias (variant alibi)"},
       {kvattn::variants::rope(), "does not support the fused RoPE"},
       {kvattn::variants::soft_cap(3.0f).with_alibi().with_rope(), "does not support the ALiBi bias, fused RoPE"},
+      // A user variant's hooks are told positions too.
+      {kvattn::Variant{}.with_custom(example("soft_cap", {"cap"}), {.f32 = {{"cap", 2.0f}}}),
+       "does not support the user variant (variant custom(soft_cap))"},
   };
   for (const auto& [var, msg] : rejected) {
     p.variant = var;

@@ -1,8 +1,9 @@
-// User variants in the GPU decode kernels against the float64 reference (whose hooks are the same
+// User variants in the GPU decode and prefill kernels against the float64 reference (whose hooks are the same
 // formulas in double): every example of examples/variants/ that means something for decode, on
 // each decode kernel family (TMA, bulk copies at page 1, CUDA cores for f32 and fused RoPE, fp8
 // K/V, two M tiles at group 32), with split rows folded by the merge kernel and in-kernel, device
-// page tables and graph-mode re-plans. The parameter tensors live on the device. Every case skips
+// page tables and graph-mode re-plans; and on the prefill kernels (mma.sync and the Hopper tier,
+// ragged and paged, fp8 KV, splits). The parameter tensors live on the device. Every case skips
 // where there is no CUDA device (CI compiles these kernels: cuda_user_variant_jit_test.cpp).
 #include <gtest/gtest.h>
 
@@ -240,6 +241,39 @@ TEST(GpuUserVariant, GraphModePlansAndRepeatedRunsAreBitwiseEqual) {
     c.scheduler.cuda_graph = kvattn::GraphCapacity{16, 16};
     run_decode_case(c, rng);
   }
+}
+
+// Prefill and append on the prefill kernels: ragged and paged, causal (the examples whose masks
+// are causal by themselves without the built-in one), bf16 and fp8 KV, query runs long enough for
+// the Hopper tier and short appends, forced splits (the merge kernel applies sinks and output
+// transforms), a device page table.
+TEST(GpuUserVariant, EveryExampleOnThePrefillKernels) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  const auto examples = decode_examples(rng);
+  for (const auto& e : examples)
+    for (KVStore store : {KVStore::ragged, KVStore::paged})
+      for (DType kv : {DType::bf16, DType::e4m3}) {
+        if (store == KVStore::ragged && kv != DType::bf16) continue;  // fp8 KV: paged caches
+        SCOPED_TRACE(e->name + (store == KVStore::ragged ? " ragged" : " paged") + " " + std::string(kvattn::dtype_name(kv)));
+        AttnCase c;
+        c.on_gpu = true;
+        c.q_dtype = DType::bf16;
+        c.kv_dtype = kv;
+        c.tolerance.accumulation = 0x1p-8;
+        c.num_qo_heads = kHeads;
+        c.num_kv_heads = 8;
+        c.head_dim_qk = 128;
+        c.store = store;
+        c.page_size = 16;
+        const bool own_causal = e->name == "streaming_sink";
+        c.variant = own_causal ? e->variant : e->variant.with_causal();
+        c.user = &e->hooks;
+        c.lens = {{700, 900}, {1, 300}, {37, 37}, {260, 2999}};
+        c.scheduler.fixed_split_size = rng.coin(0.5) ? 512 : 0;
+        c.device_page_table = store == KVStore::paged && rng.coin(0.5);
+        run_prefill_case(c, rng);
+      }
 }
 
 #else

@@ -111,6 +111,7 @@ void check_block_sparse_variant(const ResolvedShape& shape) {
   if (v.window_left >= 0) add("sliding window");
   if (v.alibi) add("ALiBi bias");
   if (v.rope) add("fused RoPE");
+  if (v.custom) add("user variant");
   KVATTN_CHECK(n == 0, "BlockSparseAttention on the GPU does not support the ", what.str(), " (variant ",
                v.describe(), "): the GPU prefill kernels it runs on place a key at its index among the "
                "block row's gathered column blocks, not at its absolute index j, so position-dependent "
@@ -193,8 +194,6 @@ GpuKernels decode_kernels_for(const AttentionPlan& plan, const TensorView& works
   batch.kv_len = plan.kv_len;
   batch.num_kv_heads = plan.shape.num_kv_heads;
   batch.cuda_graph = plan.scheduler.cuda_graph.has_value();
-  // User variants run on the decode kernels (the prefill kernels' decode shape does not take them).
-  if (plan.shape.variant.custom) return GpuKernels::decode;
   return cuda::decode_uses_prefill_kernels(decode_key(plan), limits, active_overrides(), batch)
              ? GpuKernels::prefill
              : GpuKernels::decode;
@@ -205,10 +204,6 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
                                      const TensorView& workspace, const SchedulerOptions& scheduler,
                                      void* stream) {
   validate::gpu_workspace(workspace);
-  KVATTN_CHECK(!plan.shape.variant.custom || kernels == GpuKernels::decode, plan.api, ": the user variant ",
-               plan.shape.variant.custom ? plan.shape.variant.custom->name : "", " runs on the GPU decode kernels "
-               "and the CPU backend so far (the GPU prefill kernels do not take user variants yet); plan "
-               "without a CUDA workspace, with host tensors");
   if (plan.kind == KVKind::block_sparse) lower_block_sparse(plan);
   auto gpu = std::make_unique<CudaPlan>();
   if (const auto* was = dynamic_cast<const CudaPlan*>(previous)) {
@@ -264,6 +259,8 @@ std::unique_ptr<GpuPlan> plan_on_gpu(AttentionPlan& plan, const GpuPlan* previou
     pr.mask_indptr = plan.mask_indptr;
     pr.scheduler = scheduler;
     pr.one_query_per_request = plan.is_decode;
+    pr.custom = s.variant.custom.get();
+    pr.custom_params = plan.custom_params;
     gpu->prefill->plan(pr, bytes, num_bytes, workspace.device().index, cuda_stream);
   }
   return gpu;

@@ -38,7 +38,7 @@ std::string PrefillKernelConfig::name() const {
   if (fast_tanh && (features & kernels::kSoftCap)) n += "_tanh-approx";
   if (tuning != kernels::prefill::PrefillTuning{}) add("_", detail::tuning_name(tuning));
   if (lazy_log2 > 0) add("_lazylog", std::to_string(lazy_log2));
-  return n;
+  return n + variant_name_suffix(user_variant);
 }
 
 detail::PrefillDecodeShape prefill_decode_shape(bool uniform_decode, const detail::Overrides& overrides) {
@@ -214,7 +214,10 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
   KVATTN_CHECK(o == DType::f32 || o == DType::f16 || o == DType::bf16, "o_dtype ", dtype_name(o),
                " is not supported on the GPU");
   KVATTN_CHECK(group >= 1, "GQA group size ", group, " must be >= 1");
+  // A user variant's scores take the per-key hook path (score_math.cuh): no soft-cap fixed shift.
+  const float soft_cap = key.user_variant ? 0.0f : key.soft_cap;
   PrefillKernelConfig c;
+  c.user_variant = key.user_variant;
   c.q_dtype = q;
   c.kv_dtype = kv;
   c.o_dtype = o;
@@ -238,7 +241,7 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
   for (int g = 1; g <= group && g <= 128; ++g)
     if (group % g == 0) c.heads_per_cta = g;
   const int64_t rows = std::max<int64_t>(1, key.max_qo_len) * c.heads_per_cta;
-  if (2 * rows >= 128 && choose_wgmma(c, limits, ov, key.soft_cap)) return c;
+  if (2 * rows >= 128 && choose_wgmma(c, limits, ov, soft_cap)) return c;
   const detail::PrefillLongShape long_shape = ov.prefill_long_shape.value_or(detail::PrefillLongShape::m2k64);
   const PrefillTileShape s = prefill_long_shape(long_shape, dqk, dvo);
   const int long_rows = s.warps * 16 * s.m_tiles;
@@ -252,7 +255,7 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
     c.tuning = ov.prefill_tuning.value_or(
         prefill_tuning_for(features, dqk, dvo, int(dtype_size(kv)), c.heads_per_cta, key.paged, c.fast_tanh));
     // (Measured with 2-byte K/V as it lands; fp8, RoPE and custom masks keep their tuning and the shift.)
-    const bool shifted_long = cap_shift_applies(q, features, key.soft_cap) && kv == q &&
+    const bool shifted_long = cap_shift_applies(q, features, soft_cap) && kv == q &&
                               !(features & (kernels::kRope | kernels::kCustomMask));
     if (shifted_long && !ov.prefill_tuning) c.tuning = shifted_soft_cap_tuning(std::max(dqk, dvo), c.fast_tanh);
     // tanh.approx at hd 64 on m2k64: two stages (shifted_soft_cap_tuning; measured on ragged KV,
@@ -271,7 +274,7 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
     // Still over (Ada's 100 KB SM holds one such CTA): ask __launch_bounds__ for the CTAs that fit,
     // so the register cap does not assume residency the shared memory denies.
     while (c.min_blocks > 1 && prefill_smem_bytes(c) > limits.smem_per_cta(c.min_blocks)) --c.min_blocks;
-    set_cap_shift(c, key.soft_cap, ov);
+    set_cap_shift(c, soft_cap, ov);
     return c;
   }
   c.warps = 1;
@@ -310,11 +313,11 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
     while (c.min_blocks > 1 &&
            int64_t(c.min_blocks) * (prefill_smem_bytes(c) + limits.reserved_smem_per_block) > limits.smem_per_sm)
       --c.min_blocks;
-    set_cap_shift(c, key.soft_cap, ov);
+    set_cap_shift(c, soft_cap, ov);
     return c;
   }
   while (prefill_smem_bytes(c) > max_smem_per_block && c.kv_tile > 32) c.kv_tile /= 2;
-  set_cap_shift(c, key.soft_cap, ov);
+  set_cap_shift(c, soft_cap, ov);
   return c;
 }
 
@@ -375,11 +378,15 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
          std::string("{kvattn::kernels::prefill::SoftmaxForm::") + softmax_form(t.softmax) + ", " + boolean(t.swizzle_kv) +
              ", " + boolean(t.unroll_qk) + ", " + boolean(t.pack_p) + ", " + boolean(t.lean_copies) + ", " +
              boolean(t.whole_tile_transform) + ", kvattn::kernels::prefill::TileSplit::" + tile_split(t.split) + "}");
-  config += "};\n";
+  config += variant_member(c.user_variant, c.features) + "};\n";
+  if (c.user_variant) {
+    spec.user_file = c.user_variant->file;
+    spec.user_source = c.user_variant->source;
+  }
   const bool wgmma = c.tier == detail::PrefillTier::wgmma;
   // The wgmma tile layout swizzles on 1024-byte periods of shared addresses.
   spec.source = std::string(wgmma ? "#include \"kernels/prefill/prefill_wgmma_kernel.cuh\"\n" : "") +
-                "#include \"kernels/prefill/entry.cuh\"\n" + config +
+                "#include \"kernels/prefill/entry.cuh\"\n" + variant_definitions(c.user_variant) + config +
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
                 std::to_string(c.min_blocks) + ") " + spec.entry +
                 "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
@@ -394,16 +401,28 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
 
 KernelSpec prefill_merge_spec(const PrefillKernelConfig& c, const std::string& arch) {
   const bool sigmoid = c.features & kernels::kSigmoid;
+  // The merge reads only the softmax switch of the built-in features (and a user variant's hooks,
+  // with the query's position from the page table's form).
+  const uint32_t features = c.user_variant ? c.features : sigmoid ? uint32_t(kernels::kSigmoid) : 0u;
+  const bool paged = c.user_variant && c.paged;
   KernelSpec spec;
   spec.name = "prefill_merge_" + std::string(dtype_name(c.o_dtype)) + "_hd" + std::to_string(c.head_dim_vo) +
-              (sigmoid ? "_sigmoid" : "");
+              (c.user_variant ? std::string(paged ? "_paged" : "_ragged") + "_f" + std::to_string(features)
+                              : sigmoid ? "_sigmoid" : "") +
+              variant_name_suffix(c.user_variant);
   spec.entry = entry_symbol(spec.name);
   spec.arch = arch;
-  spec.source = "#include \"kernels/prefill/entry.cuh\"\n"
+  if (c.user_variant) {
+    spec.user_file = c.user_variant->file;
+    spec.user_source = c.user_variant->source;
+  }
+  spec.source = "#include \"kernels/prefill/entry.cuh\"\n" + variant_definitions(c.user_variant) +
+                "struct KernelConfig {\n" + variant_member(c.user_variant, features) + "};\n"
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kPrefillMergeThreads) +
                 ") " + spec.entry + "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"
                 "  kvattn::kernels::prefill::merge_partials<" + code(c.o_dtype) + ", " +
-                std::to_string(c.head_dim_vo) + ", " + (sigmoid ? "true" : "false") + ">(p);\n}\n";
+                std::to_string(c.head_dim_vo) + ", KernelConfig::Variant, " + (paged ? "true" : "false") +
+                ">(p);\n}\n";
   return spec;
 }
 

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/overrides.h"
 #include "cuda/device_limits.h"
 #include "cuda/jit.h"
+#include "cuda/kernel_variant.h"
 #include "kernels/common/merge_rows.cuh"
 #include "kernels/prefill/smem_layout.cuh"
 #include "kvattn/dtype.h"
@@ -44,6 +46,8 @@ struct PrefillKernelConfig {
   kernels::prefill::PrefillTuning tuning{};
   // The lazy rescale's threshold in log2 units (score_math.cuh); 0: the default (8).
   int lazy_log2 = 0;
+  // A user variant composed with the built-in one of `features` (docs/VARIANTS.md).
+  std::optional<UserVariantCode> user_variant;
 
   int threads() const { return tier == detail::PrefillTier::wgmma ? (warps + 4) * 32 : warps * kv_warps * 32; }
   int rows() const { return warps * 16 * m_tiles; }
@@ -66,6 +70,7 @@ struct PrefillProblemKey {
   int64_t max_qo_len = 1; // the batch's longest query run
   bool uniform_decode = false;  // a decode batch decode_batch_is_skewed calls uniform (not graph mode)
   float soft_cap = 0.0f;  // the variant's cap (0: unknown or none)
+  std::optional<UserVariantCode> user_variant;  // a user variant (docs/VARIANTS.md)
 };
 
 // The tile shape of long query runs (M rows >= 64), one row per head-dim class (<= 64, <= 128,

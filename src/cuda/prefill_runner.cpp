@@ -25,7 +25,7 @@ int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 struct WorkspaceLayout {
   int64_t partial_o = 0, partial_lse = 0;
   int64_t items = 0, merges = 0, qo_indptr = 0, kv_indptr = 0, last_page_len = 0, mask_indptr = 0;
-  int64_t error = 0, indices = 0, mask = 0, end = 0;
+  int64_t error = 0, user_params = 0, indices = 0, mask = 0, end = 0;
 };
 }  // namespace
 
@@ -62,6 +62,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   key.max_qo_len = max_qo;
   key.uniform_decode = uniform_decode;
   key.soft_cap = pr.variant.soft_cap;
+  if (pr.custom) key.user_variant = user_variant_code(*pr.custom);
   PrefillKernelConfig cfg = choose_prefill(key, limits_of(dev), ov);
   cfg.checked_ids = pr.paged && pr.device_kv_indices != nullptr;
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !kernel_ || config_.checked_ids == cfg.checked_ids,
@@ -136,7 +137,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   L.last_page_len = L.kv_indptr + (batch_cap + 1) * 4;
   L.mask_indptr = L.last_page_len + batch_cap * 4;
   L.error = L.mask_indptr + (batch_cap + 1) * 4;
-  L.indices = L.error + kPageErrorWords * 4;
+  L.user_params = align_up(L.error + kPageErrorWords * 4);
+  L.indices = L.user_params + int64_t(pr.custom_params.size_bytes());
   const int64_t staged_ids = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
   L.mask = L.indices + staged_ids * 4;
   L.end = L.mask + (has_mask ? int64_t(pr.custom_mask.size()) : 0);
@@ -160,6 +162,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     if (!pr.device_kv_indices) copy_ints(L.indices, pr.kv_indices);
   }
   std::memset(host + L.error, 0, kPageErrorWords * 4);
+  if (!pr.custom_params.empty()) std::memcpy(host + L.user_params, pr.custom_params.data(), pr.custom_params.size_bytes());
   if (has_mask) {
     copy_ints(L.mask_indptr, pr.mask_indptr);
     if (!pr.custom_mask.empty()) std::memcpy(host + L.mask, pr.custom_mask.data(), pr.custom_mask.size());
@@ -201,6 +204,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   b.variant = pr.variant;
   b.variant.custom_mask = has_mask ? reinterpret_cast<const uint8_t*>(ws + L.mask) : nullptr;
   b.variant.mask_indptr = has_mask ? reinterpret_cast<const int32_t*>(ws + L.mask_indptr) : nullptr;
+  b.variant.user_params = pr.custom ? ws + L.user_params : nullptr;
 
   config_ = cfg;
   graph_mode_ = bool(opts.cuda_graph);

@@ -38,6 +38,10 @@ struct PrefillProblem {
   // BatchDecode on the prefill kernels: every request has one query, also in graph mode (whose
   // capacity then bounds the batch, not one request's query run).
   bool one_query_per_request = false;
+  // A user variant (null: none) and its packed parameters (core/custom_params.h), which plan()
+  // stages into the workspace for variant.user_params.
+  const CustomVariant* custom = nullptr;
+  std::span<const uint64_t> custom_params;
 };
 
 class PrefillRunner {

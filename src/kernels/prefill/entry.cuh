@@ -27,7 +27,9 @@ __device__ void run_one_item(const PrefillParams& p, char* smem) {
 // sum). A row is (query token, head in group), laid out in a slot as the prefill kernel writes
 // it; CTA blockIdx.y folds rows blockIdx.y x rows_per_cta + ..., p.merge_row_warps warps per row
 // (common/merge_rows.cuh).
-template <int ODT, int DVO, bool SIGMOID>
+// Variant: the kernel's variant (its softmax switch, a user variant's sink and output_transform);
+// PAGED: how the request's KV length is read (the query's position for output_transform).
+template <int ODT, int DVO, class Variant, bool PAGED>
 __device__ void merge_partials(const PrefillParams& p) {
   const DeviceMergeEntry m = p.merges[blockIdx.x];
   if (m.request < 0) return;  // graph-mode padding: the whole CTA leaves
@@ -41,8 +43,15 @@ __device__ void merge_partials(const PrefillParams& p) {
   const int64_t q_row = p.qo_indptr[m.request] + m.q_begin + tq;
   const int64_t first = int64_t(m.slot_begin) * p.partial_rows + r;  // slot sl: + sl x partial_rows
   fold_row_across_warps<DVO>(p.partial_lse + first, p.partial_rows, p.partial_o + first * DVO,
-                             int64_t(p.partial_rows) * DVO, m.num_slots, !SIGMOID, row_warps, valid,
-                             [&](int e, float o, float lse) {
+                             int64_t(p.partial_rows) * DVO, m.num_slots, Variant::use_softmax(p.variant), row_warps,
+                             valid, [&](int e, float o, float lse) {
+                               if constexpr (kHasRowEpilogue<Variant>) {
+                                 const int32_t b = m.request, n = p.kv_indptr[b + 1] - p.kv_indptr[b];
+                                 const int64_t kv_len =
+                                     !PAGED ? n : n == 0 ? 0 : int64_t(n - 1) * p.page_size + p.kv_last_page_len[b];
+                                 const int64_t q_pos = kv_len - (p.qo_indptr[b + 1] - p.qo_indptr[b]) + m.q_begin + tq;
+                                 finish_row<Variant>(p.variant, b, q_pos, qo_head, e, &o, 1, lse);
+                               }
                                store_from_f32<ODT>(p.o, q_row * p.o_stride_n + int64_t(qo_head) * p.o_stride_h + e, o);
                                if (p.lse && e == 0)
                                  p.lse[q_row * p.lse_stride_n + int64_t(qo_head) * p.lse_stride_h] = lse;

@@ -426,9 +426,22 @@ struct PrefillMmaKernel {
         if (item.partial_slot < 0) {
           const int64_t orow = int64_t(it.q_row0 + it.q_begin + tq);
           const int64_t base = orow * p.o_stride_n + int64_t(qo_head) * p.o_stride_h + 2 * t4;
+          if constexpr (kHasRowEpilogue<typename C::Variant>) {  // a user variant's sink and output_transform
+            using V = typename C::Variant;
+            scale *= apply_sink<V>(p.variant, it.request, qo_head, lse);
+            const int64_t q_pos = int64_t(it.kv_len) - it.qo_len + it.q_begin + tq;
 #pragma unroll
-          for (int n = 0; n < kND; ++n)
-            store_pair(p.o, base + n * 8, acc[mt][n][2 * r] * scale, acc[mt][n][2 * r + 1] * scale, aligned);
+            for (int n = 0; n < kND; ++n) {
+              const int e = n * 8 + 2 * t4;
+              store_pair(p.o, base + n * 8, output_of<V>(p.variant, acc[mt][n][2 * r] * scale, it.request, q_pos, qo_head, e),
+                         output_of<V>(p.variant, acc[mt][n][2 * r + 1] * scale, it.request, q_pos, qo_head, e + 1),
+                         aligned);
+            }
+          } else {
+#pragma unroll
+            for (int n = 0; n < kND; ++n)
+              store_pair(p.o, base + n * 8, acc[mt][n][2 * r] * scale, acc[mt][n][2 * r + 1] * scale, aligned);
+          }
           if (p.lse && t4 == 0) p.lse[orow * p.lse_stride_n + int64_t(qo_head) * p.lse_stride_h] = lse;
         } else {
           const int64_t prow = int64_t(item.partial_slot) * p.partial_rows + int64_t(tq) * group +

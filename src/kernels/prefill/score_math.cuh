@@ -52,10 +52,12 @@ template <class C>
 struct ScoreMath {
   static constexpr int MT = C::MT, kNT = C::kWarpKV / 8;
   static constexpr float kLog2e = 1.4426950408889634f;
-  static constexpr bool kSoftmax = (C::FEATURES & kSigmoid) == 0;
+  static constexpr bool kSoftmax = C::kSoftmax;
+  using Variant = typename C::Variant;
+  // A user variant: every tile's scores go through the variant's hooks (user_logits).
+  static constexpr bool kUser = Variant::kUser;
   // Variants whose logits change on every tile; the others need only the mask.
-  static constexpr bool kTransform = (C::FEATURES & (kSoftCap | kAlibi)) != 0 || !kSoftmax;
-  using Variant = BuiltinVariant<C::FEATURES>;
+  static constexpr bool kTransform = (C::FEATURES & (kSoftCap | kAlibi)) != 0 || !kSoftmax || kUser;
   using NoCap = BuiltinVariant<C::FEATURES & ~uint32_t(kSoftCap)>;
 
   // Soft-cap through tanh.approx under softmax keeps its scores as t = tanh(x scale / c): the
@@ -63,7 +65,7 @@ struct ScoreMath {
   // score fewer than computing c L t (+8%; H200 at 370aabc). The exact form, computed as
   // c L - 2 c L / (1 + 2^(x u)), measured 2-6% slower with the same fold (-c L t shifted by c L,
   // -1 / (1 + 2^(x u)) in the scores, c L added to the LSE), so it keeps its log2-unit scores.
-  static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax && C::FAST_TANH;
+  static constexpr bool kCapUnits = (C::FEATURES & kSoftCap) != 0 && kSoftmax && C::FAST_TANH && !kUser;
 
   // Soft-cap's fixed shift (C::kCapShift; smem_layout.cuh says why it is safe): m holds the shift
   // in score units from the start and never moves. The exact form folds it into its last FFMA.
@@ -127,6 +129,10 @@ struct ScoreMath {
   template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
                                                 int32_t tile0, int row0, int g, int t4, bool masked) {
+    if constexpr (kUser) {
+      user_logits<N0, N1>(p, it, s, tile0, row0, g, t4);
+      return;
+    }
     if (!kTransform && !masked) return;
     Transform tf(p);
     // ALiBi slope of a row's head. A thread's rows are g + 8 i apart from row0: with GH dividing 8
@@ -153,7 +159,7 @@ struct ScoreMath {
 #pragma unroll
             for (int n = N0; n < N1; ++n) {
               const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
-              s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
+              s[mt][n][j] = kSoftmax ? y : Variant::weight(p.variant, y);
             }
           }
         return;
@@ -175,7 +181,7 @@ struct ScoreMath {
 #pragma unroll
           for (int n = N0; n < N1; ++n) {
             const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
-            s[mt][n][j] = kSoftmax ? y : Variant::sigmoid_weight(p.variant, y);
+            s[mt][n][j] = kSoftmax ? y : Variant::weight(p.variant, y);
           }
           continue;
         }
@@ -206,10 +212,47 @@ struct ScoreMath {
           float x = s[mt][n][j];
           if constexpr (kTransform) {
             x = tf(x, slope, float(kv - q_pos));
-            if constexpr (!kSoftmax) x = visible ? Variant::sigmoid_weight(p.variant, x) : 0.0f;
+            if constexpr (!kSoftmax) x = visible ? Variant::weight(p.variant, x) : 0.0f;
           }
           if constexpr (kSoftmax) x = visible ? x : -INFINITY;
           s[mt][n][j] = x;
+        }
+      }
+  }
+
+  // A user variant's scores: each key's coordinates through Variant::logits_mask (the built-in
+  // masks ANDed with the user's) and Variant::logits_transform (soft-cap and ALiBi, then the
+  // user's) on the logit x |sm_scale| (load_q negated q for a negative sm_scale); softmax weights
+  // in log2 units, or the variant's weights (Variant::weight), 0 where hidden. On every tile: a
+  // user mask may cut any of them.
+  template <int N0, int N1>
+  static __device__ __forceinline__ void user_logits(const PrefillParams& p, const ItemInfo& it,
+                                                     float (&s)[MT][kNT][4], int32_t tile0, int row0, int g, int t4) {
+    const float scale = fabsf(p.variant.sm_scale);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int row = row0 + mt * 16 + g + 8 * (j / 2);
+        const int32_t tq = row / C::GH;
+        const bool row_ok = tq < it.q_tokens;
+        LogitCoord c;
+        c.request = it.request;
+        c.qo_head = it.head0 + row % C::GH;
+        c.q_idx = it.q_begin + tq;
+        c.q_pos = int64_t(it.kv_len) - it.qo_len + c.q_idx;
+        c.kv_len = it.kv_len;
+#pragma unroll
+        for (int n = N0; n < N1; ++n) {
+          const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
+          c.kv_idx = c.kv_pos = kv;  // prefill keys sit at their index
+          const bool visible = row_ok && kv < it.kv_end && Variant::logits_mask(p.variant, c);
+          float x = -INFINITY;
+          if (visible) x = Variant::logits_transform(p.variant, s[mt][n][j] * scale, c);
+          if constexpr (kSoftmax)
+            s[mt][n][j] = visible ? x * kLog2e : -INFINITY;
+          else
+            s[mt][n][j] = visible ? Variant::weight(p.variant, x) : 0.0f;
         }
       }
   }

@@ -7,7 +7,7 @@
 #include "kernels/common/mma.cuh"
 #include "kernels/prefill/params.cuh"
 #include "kernels/prefill/smem_layout.cuh"
-#include "kernels/variants/builtin.cuh"
+#include "kernels/variants/epilogue.cuh"
 
 namespace kvattn::kernels::prefill {
 
@@ -35,6 +35,9 @@ struct PrefillConfig {
   static constexpr int KV_WARPS = N::kv_warps, kWarpKV = KV_TILE / KV_WARPS;  // kWarpKV: one warp's tokens
   static constexpr bool PAGED = N::paged, FAST_TANH = N::fast_tanh, CHECK_IDS = N::paged && N::checked_ids;
   static constexpr uint32_t FEATURES = N::features;
+  // The built-in variant of FEATURES, or a user variant composed with it (variants/custom.cuh):
+  // user variants take ScoreMath's per-key hook path on every tile.
+  using Variant = typename N::Variant;
   static_assert(DT == kF16 || DT == kBF16, "the tensor-core prefill computes in f16 or bf16");
   static_assert(KVDT == DT || KVDT == kE4M3 || KVDT == kE5M2, "KV is the q dtype or fp8");
   static_assert(DQK % 16 == 0 && DVO % 16 == 0 && DQK <= 256 && DVO <= 256, "head dims");
@@ -58,9 +61,11 @@ struct PrefillConfig {
   static constexpr bool kLeanCopies = kTuning.lean_copies;
   static constexpr bool kWholeTileTransform = kTuning.whole_tile_transform;
   static constexpr bool kCapShift = kTuning.softmax == SoftmaxForm::fixed_shift && (FEATURES & kSoftCap) != 0 &&
-                                    (FEATURES & (kSigmoid | kAlibi)) == 0 && DT == kBF16;
+                                    (FEATURES & (kSigmoid | kAlibi)) == 0 && DT == kBF16 && !Variant::kUser;
+  // Whether the weights are a softmax (not sigmoid, not a user variant's use_softmax = false).
+  static constexpr bool kSoftmax = (FEATURES & kSigmoid) == 0 && Variant::kUserSoftmax;
   // By parts: softmax variants only (sigmoid's weights by parts are unmeasured and untested).
-  static constexpr bool kHalfTiles = kTuning.split != TileSplit::whole && (FEATURES & kSigmoid) == 0;
+  static constexpr bool kHalfTiles = kTuning.split != TileSplit::whole && kSoftmax;
   static constexpr bool kQuarterTiles = kTuning.split == TileSplit::quarters && kHalfTiles;
   static constexpr bool kSwizzleKV = swizzles_kv(kTuning.swizzle_kv, DQK, DVO, kKVBytes, kHasRope);
   static_assert(!kSwizzleKV || !kTransform, "swizzled K/V tiles are read as they landed");

@@ -52,7 +52,9 @@ struct BuiltinVariant {
   }
   // The weight of a key without softmax (the CPU engine; kernels/variants/custom.cuh composes it).
   KVATTN_HD static float weight(const VariantParams& p, float s) { return sigmoid_weight(p, s); }
-  // The user-variant hooks the built-in variant does not have.
+  // The user-variant hooks the built-in variant does not have (kUser: no user part; the kernels
+  // then keep their feature-specialised score paths).
+  static constexpr bool kUser = false, kUserSoftmax = true;
   static constexpr bool kHasSink = false, kHasOutput = false;
   KVATTN_HD static float sink_logit(const VariantParams&, int, int) { return 0.0f; }
   KVATTN_HD static float output_transform(const VariantParams&, float value, int, int64_t, int, int) {

@@ -77,6 +77,7 @@ struct ComposedVariant {
     return true;
   }();
   static_assert(kUserSoftmax || !Hooks::sink, "sink_logit needs the softmax (use_softmax = false has no denominator)");
+  static constexpr bool kUser = true;
   static constexpr bool kHasSink = Hooks::sink;
   static constexpr bool kHasOutput = Hooks::output;
 
