@@ -20,6 +20,7 @@
 
 #include "bench_common.h"
 #include "bench_io.h"
+#include "bench_variants.h"
 #include "commands.h"
 #include "core/batch_shapes.h"
 #include "kvattn/kvattn.h"
@@ -89,6 +90,8 @@ struct DecodeBenchOptions {
   bool hnd = false;          // read the cache as HND ([page, head, token, dim]) instead of NHD
   std::vector<int32_t> kv_lens;  // --kv-lens: one more case, "custom_h32-8", of these lengths
   kvattn::DType kv_dtype = kvattn::DType::bf16;  // --kv-dtype: bf16, or fp8 (e4m3/e5m2) with k/v scales
+  std::string variant = "plain";                 // --variant (apps/bench_variants.h)
+  std::string examples = "examples/variants";    // where the user variants' sources are
 };
 
 std::vector<DecodeBenchCase> selected_cases(const DecodeBenchOptions& o) {
@@ -175,6 +178,9 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   plan.kv_dtype = kv_dtype;
   // fp8: the generator's values times 16 stored (bench_io.h, fill_bench_fp8), 1/16 back in the scales.
   if (kv_es == 1) plan.variant = kvattn::Variant{}.with_scales(1.0f, kvattn_cli::kFp8KVScale, kvattn_cli::kFp8KVScale);
+  const kvattn_cli::BenchVariant bench_variant = kvattn_cli::make_bench_variant(
+      o.variant, plan.variant, c.num_qo_heads, *std::max_element(c.lens.begin(), c.lens.end()), o.examples);
+  plan.variant = bench_variant.variant;
   plan.page_size = P;
   plan.scheduler.num_workers = o.workers;
   plan.scheduler.disable_split_kv = o.no_split;
@@ -246,7 +252,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   const kvattn::Plan* timed_plan = via_prefill ? prefill.schedule() : decode.schedule();  // what ran
   const double gbps = bytes / (med * 1e-3) / 1e9;
   nlohmann::json row = {{"op", "decode"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
-          {"kv_dtype", kvattn::dtype_name(kv_dtype)},
+          {"kv_dtype", kvattn::dtype_name(kv_dtype)}, {"variant", o.variant},
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us}, {"plan_p90_us", plan_times.p90_us},
           {"plan_host_table_us", plan_host_table_us}, {"plan_host_table_p90_us", plan_host_table.p90_us},
@@ -345,6 +351,8 @@ void register_bench_command(CLI::App& app) {
   decode->add_option("--kv-dtype", o.kv_dtype, "KV cache dtype: bf16, or e4m3/e5m2 (fp8 with k/v scales; GB/s count fp8 bytes); not with --save-io")
       ->transform(CLI::CheckedTransformer(std::map<std::string, kvattn::DType>{
           {"bf16", kvattn::DType::bf16}, {"e4m3", kvattn::DType::e4m3}, {"e5m2", kvattn::DType::e5m2}}));
+  decode->add_option("--variant", o.variant, std::string("the variant: ") + kvattn_cli::bench_variant_names());
+  decode->add_option("--examples", o.examples, "the directory of the user variants' sources (examples/variants)");
   decode->add_flag("--no-split", o.no_split, "planner: one chunk per (request, KV head), no split-KV");
   decode->add_option("--split-size", o.split_size, "planner: KV chunks of exactly this many tokens")
       ->check(CLI::Range(0, 1 << 30));

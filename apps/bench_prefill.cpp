@@ -22,6 +22,7 @@
 
 #include "bench_common.h"
 #include "bench_io.h"
+#include "bench_variants.h"
 #include "commands.h"
 #include "core/batch_shapes.h"
 #include "kvattn/kvattn.h"
@@ -75,6 +76,8 @@ struct PrefillBenchOptions {
   std::vector<std::string> cases;  // case ids to run; empty: every case
   std::string save_io;              // export directory; empty: none
   int64_t save_io_kv_mb = 256;
+  std::string variant = "plain";               // --variant (apps/bench_variants.h), on top of the case's
+  std::string examples = "examples/variants";  // where the user variants' sources are
 };
 
 std::vector<PrefillBenchCase> prefill_cases(bool quick) {
@@ -133,7 +136,7 @@ struct DeviceBytes {
 };
 
 nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, bool device_table, double peak_tflops,
-                                kvattn_cli::IoExport* io) {
+                                kvattn_cli::IoExport* io, const PrefillBenchOptions& o) {
   using kvattn::DType;
   using kvattn::TensorView;
   const auto dev = kvattn::Device::cuda(0);
@@ -176,6 +179,9 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, bool devic
   plan.variant = c.causal ? kvattn::variants::causal() : kvattn::Variant{};
   if (c.soft_cap > 0) plan.variant = plan.variant.with_soft_cap(c.soft_cap);
   if (c.alibi) plan.variant = plan.variant.with_alibi();
+  const kvattn_cli::BenchVariant bench_variant = kvattn_cli::make_bench_variant(
+      o.variant, plan.variant, c.num_qo_heads, *std::max_element(c.kv_lens.begin(), c.kv_lens.end()), o.examples);
+  plan.variant = bench_variant.variant;
   plan.qo_indptr = TensorView(qo_indptr.data(), DType::i32, {int64_t(qo_indptr.size())});
   if (P > 0) {
     plan.page_table = kvattn::PageTable{TensorView(page_indptr.data(), DType::i32, {int64_t(page_indptr.size())}),
@@ -216,9 +222,11 @@ nlohmann::json run_prefill_case(const PrefillBenchCase& c, int iters, bool devic
   };
   const double med = kvattn_cli::median_ms([&](int) { run(); }, 1, iters);
   prefill.check_errors();
-  const double tflops = c.flops() / (med * 1e-3) / 1e12;
+  // TFLOP/s over the pairs the variant leaves visible (document masking: those within documents).
+  const double tflops = c.flops() * bench_variant.visible_fraction / (med * 1e-3) / 1e12;
   nlohmann::json row = {{"op", "prefill"}, {"id", c.id}, {"case", c.name}, {"heads", c.heads()},
           {"head_dim", D}, {"causal", c.causal}, {"soft_cap", c.soft_cap}, {"alibi", c.alibi},
+          {"variant", o.variant}, {"visible_fraction", bench_variant.visible_fraction},
           {"kv", P > 0 ? "paged, page " + std::to_string(P) : std::string("ragged")},
           {"page_ids", P > 0 ? (device_table ? "device" : "host") : "-"},
           {"batch", B}, {"q_tokens", nq}, {"kv_tokens", nkv}, {"qo_lens", c.qo_lens}, {"kv_lens", c.kv_lens},
@@ -275,7 +283,7 @@ void bench_prefill(const PrefillBenchOptions& o) {
     std::printf("%-34s %6s %4s %10s %9s %8s %9s  %s\n", "prefill (bf16)", "heads", "hd", "time", "TFLOP/s", "% 782",
                 "plan", "kernel");
   for (const auto& c : cases) {
-    auto row = run_prefill_case(c, o.iters, o.device_table, 782.0, io.get());
+    auto row = run_prefill_case(c, o.iters, o.device_table, 782.0, io.get(), o);
     if (!o.json)
       std::printf("%-34s %6s %4d %7.3f ms %9.1f %7.1f%% %6.1f us  %s\n", c.name.c_str(),
                   row["heads"].get<std::string>().c_str(), c.head_dim, row["ms"].get<double>(),
@@ -301,6 +309,9 @@ void register_bench_prefill(CLI::App& bench) {
   cmd->add_flag("--list", o.list, "list the cases (id, shape) and run nothing; no GPU needed");
   cmd->add_option("--cases", o.cases, "run only these case ids, comma-separated (see --list)")->delimiter(',');
   cmd->add_option("--iters", o.iters, "timed runs per shape (median reported)")->check(CLI::Range(1, 10000));
+  cmd->add_option("--variant", o.variant,
+                  std::string("the variant, on top of the case's causal mask: ") + kvattn_cli::bench_variant_names());
+  cmd->add_option("--examples", o.examples, "the directory of the user variants' sources (examples/variants)");
   cmd->add_flag("--device-table", o.device_table,
                 "paged cases: give plan() the page ids on the device (read in place by the kernels, as serving "
                 "frameworks keep them); by default they are host ids, copied into the workspace");
