@@ -35,8 +35,8 @@ struct RopeConfig {
 // use_softmax, and the parameters the hooks read, declared once by name. It composes with the
 // built-in switches of the Variant that carries it (a user mask is ANDed with causal, window and
 // custom masks; the user transform follows soft-cap and ALiBi). Compiled at plan() by the system's
-// C++ compiler for the CPU backend and cached on disk by a hash of the source (the GPU kernels do
-// not take user variants yet: a CUDA plan with one is an error).
+// C++ compiler for the CPU backend, or by NVRTC into the GPU decode and prefill kernels, and cached
+// on disk by a hash of the source (docs/VARIANTS.md says what runs where).
 struct CustomVariant {
   struct TensorParam {
     std::string name;

@@ -420,8 +420,9 @@ void bind_types(nb::module_& m) {
       "The source is compiled at the first plan() by the system's C++ compiler ($KVATTN_CXX, "
       "default c++) and cached under the JIT cache directory ($KVATTN_CACHE_DIR, ...); a source "
       "that does not compile raises kvattn.Error with the compiler's messages, the user's lines "
-      "first as <name>.variant:LINE. CPU backend only so far (a plan with a CUDA workspace "
-      "raises kvattn.Error). name: an identifier.";
+      "first as <name>.variant:LINE (NVRTC's <name>.variant(LINE) for the GPU kernels). Runs on the "
+      "CPU backend and, with a CUDA workspace and its tensors on that GPU, on the GPU decode and "
+      "prefill kernels (not GPU block-sparse). name: an identifier.";
   const std::string with_custom_doc =
       std::string("This variant with a user variant on top of its built-in switches (causal, "
                   "window, custom mask, soft-cap, ALiBi, RoPE, sigmoid, scales): the user mask is "
