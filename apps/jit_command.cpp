@@ -7,8 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +32,37 @@ struct JitOptions {
   int jobs = 0;
   std::string cache_dir;
   bool with_overrides = false;  // the environment's KVATTN_* overrides change what the presets choose
+  // --variant FILE: a user variant's source (docs/VARIANTS.md) and its declared parameters.
+  std::string variant_file, variant_name = "custom";
+  std::vector<std::string> f32_params, i32_params, tensor_params;  // tensors as name:dtype:ndim
 };
+
+// The user variant of --variant FILE, declared as the options say.
+kvattn::CustomVariant user_variant(const JitOptions& o) {
+  kvattn::CustomVariant v;
+  v.name = o.variant_name;
+  std::ifstream f(o.variant_file);
+  KVATTN_CHECK(f.good(), "--variant: cannot read ", o.variant_file);
+  std::ostringstream os;
+  os << f.rdbuf();
+  v.source = os.str();
+  v.f32_params = o.f32_params;
+  v.i32_params = o.i32_params;
+  for (const std::string& t : o.tensor_params) {
+    const auto a = t.find(':'), b = t.rfind(':');
+    KVATTN_CHECK(a != std::string::npos && b > a, "--tensor ", t, ": expected name:dtype:ndim (e.g. slopes:f32:1)");
+    const std::string dtype = t.substr(a + 1, b - a - 1), ndim = t.substr(b + 1);
+    KVATTN_CHECK(dtype == "f32" || dtype == "i32" || dtype == "u8", "--tensor ", t, ": dtype ", dtype,
+                 " is not f32, i32 or u8");
+    KVATTN_CHECK(ndim.size() == 1 && ndim[0] >= '1' && ndim[0] <= '4', "--tensor ", t, ": ndim ", ndim,
+                 " is not 1 to 4");
+    v.tensor_params.push_back({t.substr(0, a),
+                               dtype == "f32" ? kvattn::DType::f32 : dtype == "i32" ? kvattn::DType::i32 : kvattn::DType::u8,
+                               ndim[0] - '0'});
+  }
+  v.validate();
+  return v;
+}
 
 std::vector<std::string> archs_or_device(const JitOptions& o) {
   if (!o.archs.empty()) return o.archs;
@@ -78,14 +110,16 @@ void precompile(const JitOptions& o) {
   for (const std::string& arch : archs_or_device(o)) {
     check_arch(arch);
     const kvattn::detail::Overrides env = kvattn::detail::Overrides::from_environment();
-    for (KernelSpec& s : preset_specs(o.preset, arch, o.with_overrides ? &env : nullptr))
-      jobs.push_back({std::move(s), {}, {}});
+    auto specs = o.variant_file.empty() ? preset_specs(o.preset, arch, o.with_overrides ? &env : nullptr)
+                                        : user_variant_specs(user_variant(o), arch);
+    for (KernelSpec& s : specs) jobs.push_back({std::move(s), {}, {}});
   }
   KernelCache cache(cache_dir(o));
   int workers = o.jobs > 0 ? o.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
   workers = std::min<int>(workers, int(jobs.size()));
-  std::fprintf(stderr, "precompiling %zu kernels (preset %s) with %d jobs into %s\n", jobs.size(),
-               o.preset.c_str(), workers, cache.dir().c_str());
+  const std::string what = o.variant_file.empty() ? "preset " + o.preset : "user variant " + o.variant_name;
+  std::fprintf(stderr, "precompiling %zu kernels (%s) with %d jobs into %s\n", jobs.size(), what.c_str(), workers,
+               cache.dir().c_str());
 
   // Workers take the next job; one line per finished kernel is the progress bar (CI logs keep it).
   auto t0 = std::chrono::steady_clock::now();
@@ -155,6 +189,14 @@ void register_jit_command(CLI::App& app) {
   pc->add_flag("--with-overrides", o->with_overrides,
                "Let the KVATTN_* overrides of the environment change the kernels the preset chooses "
                "(default: they are ignored)");
+  pc->add_option("--variant", o->variant_file,
+                 "Compile a user variant (docs/VARIANTS.md) from this source file into the default preset's "
+                 "decode and prefill kernels, instead of a preset")
+      ->type_name("FILE");
+  pc->add_option("--variant-name", o->variant_name, "The user variant's name (an identifier)")->capture_default_str();
+  pc->add_option("--f32", o->f32_params, "Its f32 scalar parameters, comma-separated")->delimiter(',');
+  pc->add_option("--i32", o->i32_params, "Its i32 scalar parameters, comma-separated")->delimiter(',');
+  pc->add_option("--tensor", o->tensor_params, "Its tensor parameters as name:dtype:ndim (repeatable), e.g. slopes:f32:1");
   pc->callback([o] { precompile(*o); });
 #else
   jit->callback([] {

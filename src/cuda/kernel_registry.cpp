@@ -26,9 +26,13 @@ DeviceLimits without_bulk_copies(DeviceLimits l) {
   return l;
 }
 
+// A user variant the kernel lists below compile in (kvattn jit precompile --variant), or none.
+using User = std::optional<UserVariantCode>;
+
 DecodeKernelConfig decode_for(DType q, DType kv, int hd, int group, int page_size, uint32_t features, bool bulk,
-                              bool skewed, const detail::Overrides& ov) {
+                              bool skewed, const detail::Overrides& ov, const User& user = std::nullopt) {
   DecodeProblemKey key;
+  key.user_variant = user;
   key.q_dtype = key.o_dtype = q;
   key.kv_dtype = kv;
   key.head_dim_qk = key.head_dim_vo = hd;
@@ -42,8 +46,9 @@ DecodeKernelConfig decode_for(DType q, DType kv, int hd, int group, int page_siz
 
 PrefillKernelConfig prefill_for(DType q, DType kv, int dqk, int dvo, int group, bool paged, int page_size,
                                 uint32_t features, int64_t qo, const detail::Overrides& ov, bool uniform_decode = false,
-                                float soft_cap = kPresetSoftCap) {
+                                float soft_cap = kPresetSoftCap, const User& user = std::nullopt) {
   PrefillProblemKey key;
+  key.user_variant = user;
   key.q_dtype = key.o_dtype = q;
   key.kv_dtype = kv;
   key.head_dim_qk = dqk;
@@ -98,16 +103,16 @@ std::vector<RegisteredKernel> rope_kernels(bool all) {
 // Decode kernels a serving deployment of common models uses: f16/bf16 and fp8 KV (tensor cores;
 // fused RoPE on CUDA cores), head dims 64/128/256, GQA groups 1/4/8 and 32 (MQA), page 16, plain, soft-capped and
 // windowed logits.
-std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
+std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov, const User& user = std::nullopt) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int hd, int group, uint32_t features) {
-    DecodeKernelConfig c = decode_for(q, kv, hd, group, 16, features, false, false, ov);
+    DecodeKernelConfig c = decode_for(q, kv, hd, group, 16, features, false, false, ov, user);
     out.push_back({c.name(), [c](const std::string& arch) { return decode_spec(c, arch); }});
     // What the same problem runs on sm_90+: the bulk-copy kernel (TMA boxes at page 16).
-    DecodeKernelConfig h = decode_for(q, kv, hd, group, 16, features, /*bulk=*/true, false, ov);
+    DecodeKernelConfig h = decode_for(q, kv, hd, group, 16, features, /*bulk=*/true, false, ov, user);
     if (h.bulk) out.push_back({h.name(), [h](const std::string& arch) { return decode_spec(h, arch); }, 90});
     // ... and for skewed batches (decode_batch_is_skewed): 2 stages.
-    DecodeKernelConfig s = decode_for(q, kv, hd, group, 16, features, true, /*skewed=*/true, ov);
+    DecodeKernelConfig s = decode_for(q, kv, hd, group, 16, features, true, /*skewed=*/true, ov, user);
     if (s.bulk && s.name() != h.name())
       out.push_back({s.name(), [s](const std::string& arch) { return decode_spec(s, arch); }, 90});
     KernelSpec m = decode_merge_spec(c, "sm_80");
@@ -134,7 +139,7 @@ std::vector<RegisteredKernel> decode_kernels(const detail::Overrides& ov) {
   // Pages of fewer than 16 tokens keep the row copies on sm_90+ (DecodeBulkKernel): page 1.
   for (DType t : {DType::bf16, DType::f16})
     for (bool skewed : {false, true}) {
-      DecodeKernelConfig r = decode_for(t, t, 128, 4, 1, 0, /*bulk=*/true, skewed, ov);
+      DecodeKernelConfig r = decode_for(t, t, 128, 4, 1, 0, /*bulk=*/true, skewed, ov, user);
       if (r.bulk) out.push_back({r.name(), [r](const std::string& arch) { return decode_spec(r, arch); }, 90});
     }
   return out;
@@ -172,12 +177,12 @@ void add_prefill(std::vector<RegisteredKernel>& out, const detail::Overrides& ov
 // Prefill/append kernels of the same deployments: causal bf16/f16 prefill over ragged and paged
 // (page 16) KV for head dims 64/128/256 and 192x128, GQA group 4, long and short (append) query
 // runs; one of each variant family; fp8 KV.
-std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
+std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov, const User& user = std::nullopt) {
   std::vector<RegisteredKernel> out;
   auto add = [&](DType q, DType kv, int dqk, int dvo, int group, bool paged, uint32_t features, int64_t qo,
                  int page_size = 16) {
     add_prefill(out, ov, [&](const detail::Overrides& o) {
-      return prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, o);
+      return prefill_for(q, kv, dqk, dvo, group, paged, page_size, features, qo, o, false, kPresetSoftCap, user);
     });
   };
   for (DType t : {DType::bf16, DType::f16})
@@ -191,7 +196,7 @@ std::vector<RegisteredKernel> prefill_kernels(const detail::Overrides& ov) {
   // The long soft-cap kernel's exact-tanh form too (KVATTN_PREFILL_TANH=exact), so CI compiles both.
   add_prefill(out, ov, [&](const detail::Overrides& o) {
     return prefill_for(DType::bf16, DType::bf16, 128, 128, 4, false, 16, kernels::kCausal | kernels::kSoftCap, 4096,
-                       with_tanh(o, detail::TanhForm::exact));
+                       with_tanh(o, detail::TanhForm::exact), false, kPresetSoftCap, user);
   });
   add(DType::bf16, DType::bf16, 128, 128, 4, true, kernels::kCausal | kernels::kSlidingWindow, 4096);
   add(DType::bf16, DType::bf16, 128, 128, 4, false, kernels::kCausal | kernels::kAlibi, 4096);
@@ -283,6 +288,21 @@ const std::vector<Preset>& presets() {
 }
 
 std::vector<Preset> presets_with(const detail::Overrides& overrides) { return build(overrides); }
+
+std::vector<KernelSpec> user_variant_specs(const CustomVariant& variant, const std::string& arch) {
+  const User user = user_variant_code(variant);
+  const detail::Overrides none;
+  std::vector<RegisteredKernel> kernels = decode_kernels(none, user);
+  for (RegisteredKernel& k : prefill_kernels(none, user)) kernels.push_back(std::move(k));
+  const int sm = arch_sm(arch);
+  std::vector<KernelSpec> specs;
+  for (const RegisteredKernel& k : kernels) {
+    if (!k.for_arch(sm)) continue;
+    const bool seen = std::any_of(specs.begin(), specs.end(), [&](const KernelSpec& s) { return s.name == k.name; });
+    if (!seen) specs.push_back(k.make(arch));
+  }
+  return specs;
+}
 
 const Preset& find_preset(std::string_view name) {
   std::string known;

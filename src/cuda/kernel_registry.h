@@ -11,6 +11,7 @@
 
 #include "core/overrides.h"
 #include "cuda/jit.h"
+#include "kvattn/variant.h"
 
 namespace kvattn::cuda {
 
@@ -38,5 +39,9 @@ const Preset& find_preset(std::string_view name);
 // The preset's kernels for `arch` ("sm_90a", "sm_80"...), leaving out those whose min_sm is above it.
 std::vector<KernelSpec> preset_specs(std::string_view preset, const std::string& arch,
                                      const detail::Overrides* overrides = nullptr);
+// The default preset's decode and prefill kernels (and their merge kernels) with a user variant
+// composed in, for `arch` (`kvattn jit precompile --variant`). Throws kvattn::Error for a
+// variant whose declaration is invalid (CustomVariant::validate).
+std::vector<KernelSpec> user_variant_specs(const CustomVariant& variant, const std::string& arch);
 
 }  // namespace kvattn::cuda

@@ -48,11 +48,18 @@ std::string explain_failure(const KernelSpec& spec, const std::string& program_n
   if (!spec.user_file.empty()) {
     // A user variant: its own lines (as "<name>.variant(LINE)") come first.
     files[spec.user_file] = split_lines(spec.user_source);
-    os << "custom variant " << spec.user_file.substr(0, spec.user_file.size() - 8)
-       << " does not compile for the GPU (NVRTC " << nvrtc_version() << ", " << spec.arch << "):\n";
+    std::string user_lines;
     std::istringstream in(log);
     for (std::string line; std::getline(in, line);)
-      if (line.find(spec.user_file) != std::string::npos) os << line << "\n";
+      if (line.find(spec.user_file) != std::string::npos) user_lines += line + "\n";
+    const std::string name = spec.user_file.substr(0, spec.user_file.size() - 8);  // less ".variant"
+    if (user_lines.empty())
+      os << "the GPU kernel " << spec.name << " does not compile with the custom variant " << name
+         << ", though no error points at " << spec.user_file << " (NVRTC " << nvrtc_version() << ", " << spec.arch
+         << "; a hook's signature, or a kvattn bug):\n";
+    else
+      os << "custom variant " << name << " does not compile for the GPU (NVRTC " << nvrtc_version() << ", "
+         << spec.arch << "):\n" << user_lines;
     os << "\nthe whole log:\n";
   }
   os << "NVRTC " << nvrtc_version() << " failed to compile kernel " << spec.name << " (entry "

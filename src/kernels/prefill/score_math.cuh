@@ -58,7 +58,7 @@ struct ScoreMath {
   static constexpr bool kUser = Variant::kUser;
   // Variants whose logits change on every tile; the others need only the mask.
   static constexpr bool kTransform = (C::FEATURES & (kSoftCap | kAlibi)) != 0 || !kSoftmax || kUser;
-  using NoCap = BuiltinVariant<C::FEATURES & ~uint32_t(kSoftCap)>;
+  using Builtin = BuiltinVariant<C::FEATURES>;  // the built-in part (ALiBi's slopes)
 
   // Soft-cap through tanh.approx under softmax keeps its scores as t = tanh(x scale / c): the
   // cap's c L is folded into the softmax's one FFMA per score (exp_scale), one instruction per
@@ -142,7 +142,7 @@ struct ScoreMath {
     if constexpr ((C::FEATURES & kCustomMask) != 0)
       request_mask = p.variant.custom_mask + p.variant.mask_indptr[it.request];
     if constexpr ((C::FEATURES & kAlibi) != 0 && kOneHead)
-      tf.slope = tf.slope_unit * Variant::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
+      tf.slope = tf.slope_unit * Builtin::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
     // kWholeTileTransform: a tile no mask cuts is transformed in one branch-free block (64
     // independent transforms per thread for ptxas to interleave) instead of one block per row.
     if constexpr (C::kWholeTileTransform && kTransform) {
@@ -155,7 +155,7 @@ struct ScoreMath {
             const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + row / C::GH;
             float slope = tf.slope;
             if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
-              slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
+              slope = tf.slope_unit * Builtin::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
 #pragma unroll
             for (int n = N0; n < N1; ++n) {
               const float y = tf(s[mt][n][j], slope, float(tile0 + n * 8 + 2 * t4 + (j & 1) - q_pos));
@@ -174,7 +174,7 @@ struct ScoreMath {
         const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
         float slope = tf.slope;
         if constexpr ((C::FEATURES & kAlibi) != 0 && !kOneHead)
-          slope = tf.slope_unit * Variant::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
+          slope = tf.slope_unit * Builtin::alibi_slope(it.head0 + row % C::GH, p.variant.num_qo_heads);
         // Every key visible: the transform only. (With ALiBi this second copy of the loop costs
         // an 8-byte spill at hd 128, group 4, and still measured 7.6% faster: 272 -> 293 TFLOP/s.)
         if (kTransform && !masked) {
