@@ -226,6 +226,29 @@ TEST(CustomVariant, LearnedSinksJoinTheDenominatorOnce) {
   run_cases(cases, rng);
 }
 
+// kvattn's own sink variants (kvattn::variants::learned_sinks, streaming_sinks): the same
+// mechanism as the examples, with their errors.
+TEST(CustomVariant, BuiltInSinkVariants) {
+  KVATTN_CASE_RNG(rng);
+  HostTensor sinks(DType::f32, {8});
+  std::vector<double> s(8);
+  for (int h = 0; h < 8; ++h) sinks.set_at(h, s[size_t(h)] = rng.uniform(-3, 3));
+  ref::UserHooks learned;
+  learned.sink_logit = [&](int, int h) { return s[size_t(h)]; };
+  auto cases = cases_for(kvattn::variants::learned_sinks(sinks.view()), learned, rng);
+  for (AttnCase& c : cases) c.lens.push_back({c.store == KVStore::ragged || c.variant.causal ? 0 : 1, 0});  // no keys: the sink alone
+  run_cases(cases, rng);
+  const int sink = 3, window = 10;
+  ref::UserHooks streaming;
+  streaming.logits_mask = [&](int, int64_t qp, int64_t kp, int, int) {
+    return kp <= qp && (kp < sink || kp >= qp - window);
+  };
+  run_cases(cases_for(kvattn::variants::streaming_sinks(sink, window), streaming, rng, /*causal_prefill=*/false), rng);
+  EXPECT_KVATTN_ERROR(kvattn::variants::streaming_sinks(-1, 4), "streaming_sinks: num_sink = -1 is negative");
+  EXPECT_KVATTN_ERROR(kvattn::variants::streaming_sinks(4, -2), "streaming_sinks: window = -2 is negative");
+  EXPECT_EQ(kvattn::variants::learned_sinks(sinks.view()).describe(), "custom(learned_sinks)");
+}
+
 TEST(CustomVariant, OutputTransformAndComposition) {
   KVATTN_CASE_RNG(rng);
   CustomVariant v;

@@ -131,6 +131,12 @@ std::vector<std::unique_ptr<GpuExample>> decode_examples(Rng& rng) {
                                                {.tensors = {{"sinks", e->on_device(std::move(sinks))}}});
   }
   {
+    GpuExample* e = add("builtin_streaming_sinks");  // kvattn::variants::streaming_sinks
+    const int sink = 8, window = 300;
+    e->hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return kp <= qp && (kp < sink || kp >= qp - window); };
+    e->variant = kvattn::variants::streaming_sinks(sink, window);
+  }
+  {
     GpuExample* e = add("scaled_window");  // every hook but the sink, over the built-in window and soft-cap
     CustomVariant v;
     v.name = "scaled_window";
@@ -266,7 +272,7 @@ TEST(GpuUserVariant, EveryExampleOnThePrefillKernels) {
         c.head_dim_qk = 128;
         c.store = store;
         c.page_size = 16;
-        const bool own_causal = e->name == "streaming_sink";
+        const bool own_causal = e->name == "streaming_sink" || e->name == "builtin_streaming_sinks";
         c.variant = own_causal ? e->variant : e->variant.with_causal();
         c.user = &e->hooks;
         c.lens = {{700, 900}, {1, 300}, {37, 37}, {260, 2999}};

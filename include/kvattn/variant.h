@@ -114,6 +114,17 @@ inline Variant alibi() { return Variant{}.with_alibi(); }
 inline Variant custom_mask() { return Variant{}.with_custom_mask(); }
 inline Variant sigmoid(float bias = 0.0f) { return Variant{}.with_sigmoid(bias); }
 inline Variant rope(RopeConfig r = {}) { return Variant{}.with_rope(r); }
+
+// Attention sinks, as user variants of kvattn's own (docs/VARIANTS.md; every kernel, CPU and GPU):
+// gpt-oss learned sinks: `sinks` (f32 [num_qo_heads], on the plan's device, alive until its last
+// run()) holds one logit per query head whose e^sink joins that head's softmax denominator only.
+Variant learned_sinks(const TensorView& sinks);
+// StreamingLLM (Xiao et al., 2023): keys at positions < num_sink stay visible to every query, the
+// others within the last `window` positions before it (kv_pos >= q_pos - window), causal.
+Variant streaming_sinks(int num_sink, int window);
+// The user variants behind them (for Python, precompiling, and tests).
+const CustomVariant& learned_sinks_variant();
+const CustomVariant& streaming_sinks_variant();
 }  // namespace variants
 
 // ALiBi slope of head h among num_heads (SEMANTICS.md): 2^(-8 (h+1) / n) for the first n (largest

@@ -11,10 +11,10 @@ and with a user variant (C++ hooks compiled at plan(); docs/VARIANTS.md)::
 
 from typing import Any, Mapping, Optional
 
-from ._kvattn import RopeConfig, Variant
+from ._kvattn import RopeConfig, Variant, _builtin_variant_sources
 
 __all__ = ["plain", "causal", "sliding_window", "soft_cap", "alibi", "custom_mask", "sigmoid", "rope",
-           "custom"]
+           "custom", "learned_sinks", "streaming_sinks"]
 
 
 def plain() -> Variant:
@@ -65,3 +65,22 @@ def custom(source: str, *, name: str = "custom", scalars: Optional[Mapping[str, 
     / u8 tensor of 1 to 4 dimensions} declare its parameters and give their values."""
     return Variant.custom(source, name=name, scalars=None if scalars is None else dict(scalars),
                           tensors=None if tensors is None else dict(tensors))
+
+
+def learned_sinks(sinks: Any) -> Variant:
+    """gpt-oss attention sinks: `sinks` (float32 [num_qo_heads], on the plan's device) holds one
+    logit per query head whose e^sink joins that head's softmax denominator only (the LSE includes
+    it; a row with no visible key gets o = 0). A user variant of kvattn's own
+    (kvattn::variants::learned_sinks); compose it with with_causal(), with_window(), ..."""
+    return Variant.custom(_builtin_variant_sources["learned_sinks"], name="learned_sinks", tensors={"sinks": sinks})
+
+
+def streaming_sinks(num_sink: int, window: int) -> Variant:
+    """StreamingLLM: keys at positions < num_sink stay visible to every query, the others within
+    the last `window` positions before it (kv_pos >= q_pos - window), causal
+    (kvattn::variants::streaming_sinks)."""
+    for arg, value in (("num_sink", num_sink), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"streaming_sinks: {arg} = {value!r} is not a non-negative int")
+    return Variant.custom(_builtin_variant_sources["streaming_sinks"], name="streaming_sinks",
+                          scalars={"num_sink": num_sink, "window": window})

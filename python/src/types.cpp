@@ -571,6 +571,12 @@ void bind_types(nb::module_& m) {
 
   // kvattn.variants (the inline constructors of kvattn::variants) is python/kvattn/variants.py.
 
+  // The sources of kvattn's own user variants (kvattn::variants::learned_sinks / streaming_sinks),
+  // which kvattn.variants builds its sink variants from.
+  nb::dict sources;
+  for (const CustomVariant* v : {&variants::learned_sinks_variant(), &variants::streaming_sinks_variant()})
+    sources[v->name.c_str()] = v->source;
+  m.attr("_builtin_variant_sources") = sources;
   m.def("alibi_slope", &alibi_slope, nb::arg("head"), nb::arg("num_heads"),
         "ALiBi slope of `head` among `num_heads` (SEMANTICS.md).");
 

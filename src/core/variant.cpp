@@ -103,4 +103,52 @@ float alibi_slope(int head, int num_heads) {
   return std::exp2(-4.0f * float(2 * k + 1) / float(n));
 }
 
+namespace variants {
+
+const CustomVariant& learned_sinks_variant() {
+  static const CustomVariant v = [] {
+    CustomVariant c;
+    c.name = "learned_sinks";
+    c.source =
+        "struct Variant {\n"
+        "  static float sink_logit(const Params& p, int, int qo_head) { return p.sinks(qo_head); }\n"
+        "};\n";
+    c.tensor_params = {{"sinks", DType::f32, 1}};
+    return c;
+  }();
+  return v;
+}
+
+const CustomVariant& streaming_sinks_variant() {
+  static const CustomVariant v = [] {
+    CustomVariant c;
+    c.name = "streaming_sinks";
+    c.source =
+        "struct Variant {\n"
+        "  static bool logits_mask(const Params& p, int, int64_t qo_pos, int64_t kv_pos, int, int) {\n"
+        "    return kv_pos <= qo_pos && (kv_pos < p.num_sink || kv_pos >= qo_pos - p.window);\n"
+        "  }\n"
+        "};\n";
+    c.i32_params = {"num_sink", "window"};
+    return c;
+  }();
+  return v;
+}
+
+Variant learned_sinks(const TensorView& sinks) {
+  CustomValues values;
+  values.tensors = {{"sinks", sinks}};
+  return Variant{}.with_custom(learned_sinks_variant(), std::move(values));
+}
+
+Variant streaming_sinks(int num_sink, int window) {
+  KVATTN_CHECK(num_sink >= 0, "streaming_sinks: num_sink = ", num_sink, " is negative");
+  KVATTN_CHECK(window >= 0, "streaming_sinks: window = ", window, " is negative");
+  CustomValues values;
+  values.i32 = {{"num_sink", num_sink}, {"window", window}};
+  return Variant{}.with_custom(streaming_sinks_variant(), std::move(values));
+}
+
+}  // namespace variants
+
 }  // namespace kvattn
