@@ -251,6 +251,60 @@ def test_example(rng, name, kind, dtype):
         run_bsr(rng, variant, ref.Var(user=hooks), dtype=dtype)
 
 
+def test_builtin_sink_variants(rng):
+    """kvattn.variants.learned_sinks / streaming_sinks: kvattn's own user variants."""
+    sinks = cast(rng.uniform(-3, 3, 8), "f32")
+    v = kvattn.variants.learned_sinks(sinks)
+    assert v.describe() == "custom(learned_sinks)"
+    hooks = ref.UserHooks(sink_logit=lambda b, h: f64(sinks)[h])
+    run_decode(rng, v, ref.Var(user=hooks), kv_lens=[30, 0, 77], dtype="bf16")
+    run_paged(rng, v.with_causal(), ref.Var(causal=True, user=hooks), lens=random_lens(rng, 3), dtype="f32", split=16)
+    s = kvattn.variants.streaming_sinks(3, 10)
+    hooks = ref.UserHooks(logits_mask=lambda b, qp, kp, h, hk: (kp <= qp) & ((kp < 3) | (kp >= qp - 10)))
+    run_ragged(rng, s, ref.Var(user=hooks), lens=random_lens(rng, 3), dtype="f16")
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="streaming_sinks: num_sink"):
+            kvattn.variants.streaming_sinks(bad, 4)
+    with pytest.raises(ValueError, match="streaming_sinks: window = -2"):
+        kvattn.variants.streaming_sinks(4, -2)
+
+
+def test_flashinfer_wrappers_take_a_user_variant_as_jit_args(rng):
+    """kvattn.flashinfer's wrappers: jit_args=kvattn.Variant carrying a user variant, composed with
+    the wrapper's own switches (here a soft-cap and the causal mask) at every plan()."""
+    import kvattn.flashinfer as fi
+    ws = np.zeros(1 << 20, np.uint8)
+    hq, hkv, d, ps = 8, 2, 32, 5
+    slopes = cast(-rng.uniform(0.0, 0.2, hq), "f32")
+    user = kvattn.Variant.custom(example("alibi"), name="alibi", tensors={"slopes": slopes})
+    hooks = ref.UserHooks(logits_transform=lambda x, b, qp, kp, h, hk: x + f64(slopes)[h] * (kp - qp))
+    kv_lens = [30, 1, 64]
+    indptr, indices, last, num_pages = page_table(rng, kv_lens, ps)
+    k = cast(rand(rng, (num_pages, ps, hkv, d)), "f32")
+    v = cast(rand(rng, (num_pages, ps, hkv, d)), "f32")
+    q = cast(rand(rng, (3, hq, d)), "f32")
+    w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", jit_args=user)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, logits_soft_cap=5.0, q_data_type="float32")
+    out, lse = w.run(q, (k, v), return_lse=True)
+    ks = ref.gather_paged(f64(k), "NHD", indptr, indices, last, ps)
+    vs = ref.gather_paged(f64(v), "NHD", indptr, indices, last, ps)
+    check((out, lse), ref.batch_attention(f64(q), np.arange(4), ks, vs, ref.Var(soft_cap=5.0, user=hooks)), "f32")
+    lens = [(7, 20), (1, 1), (12, 12)]
+    qo = np.concatenate([[0], np.cumsum([a for a, _ in lens])]).astype(np.int32)
+    kvp = np.concatenate([[0], np.cumsum([b for _, b in lens])]).astype(np.int32)
+    q = cast(rand(rng, (int(qo[-1]), hq, d)), "f32")
+    kr = cast(rand(rng, (int(kvp[-1]), hkv, d)), "f32")
+    vr = cast(rand(rng, (int(kvp[-1]), hkv, d)), "f32")
+    p = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", jit_args=user)
+    p.plan(qo, kvp, hq, hkv, d, causal=True, q_data_type="float32")
+    out, lse = p.run(q, kr, vr, return_lse=True)
+    want = ref.batch_attention(f64(q), qo, [f64(kr)[kvp[b]:kvp[b + 1]] for b in range(3)],
+                               [f64(vr)[kvp[b]:kvp[b + 1]] for b in range(3)], ref.Var(causal=True, user=hooks))
+    check((out, lse), want, "f32")
+    with pytest.raises(NotImplementedError, match="'jit_args'.*kvattn.Variant"):
+        fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", jit_args=kvattn.variants.causal())
+
+
 def test_document_mask_of_packed_sequences(rng):
     # FlexAttention's example: documents packed in one request, causal within each; the same
     # through a paged cache.

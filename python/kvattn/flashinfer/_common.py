@@ -81,7 +81,7 @@ def _kv_dtype_name(d) -> Optional[str]:
 
 def _variant(*, causal=False, pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None,
              sm_scale=None, rope_scale=None, rope_theta=None, q_scale=None, k_scale=None,
-             v_scale=None) -> "_kv.Variant":
+             v_scale=None, user=None) -> "_kv.Variant":
     v = _kv.Variant(causal=bool(causal))
     if window_left is not None and window_left >= 0:
         v = v.with_window(int(window_left))
@@ -99,7 +99,18 @@ def _variant(*, causal=False, pos_encoding_mode="NONE", window_left=-1, logits_s
         v = v.with_sm_scale(float(sm_scale))
     if q_scale is not None or k_scale is not None or v_scale is not None:
         v = v.with_scales(_scalar(q_scale), _scalar(k_scale), _scalar(v_scale))
+    if user is not None:
+        v = _with_user_variant(v, user)
     return v
+
+
+def _with_user_variant(v: "_kv.Variant", user: "_kv.Variant") -> "_kv.Variant":
+    """v with the user variant `user` carries (the wrappers' jit_args), its values kept."""
+    cv = user.custom_variant
+    scalars = {n: ("f32", user.custom_scalars[n]) for n in cv.f32_params}
+    scalars.update({n: ("i32", user.custom_scalars[n]) for n in cv.i32_params})
+    tensors = {name: user.custom_tensors[name] for name, _, _ in cv.tensor_params}
+    return v.with_custom(cv.source, name=cv.name, scalars=scalars, tensors=tensors)
 
 
 def _scalar(x) -> float:
@@ -193,7 +204,13 @@ class _WrapperBase:
     def _init_common(self, float_workspace_buffer, kv_layout, backend, jit_args):
         if backend not in ("auto",):
             _unsupported("backend", f"{backend!r}; kvattn chooses its kernels itself ('auto')")
-        _require_default("jit_args", jit_args)
+        # jit_args: FlashInfer's arguments of a JIT module; kvattn's form of a custom variant is a
+        # kvattn.Variant carrying a user variant (kvattn.Variant.custom, docs/VARIANTS.md), composed
+        # with the wrapper's own switches (causal, window, soft-cap, ...) at every plan().
+        if jit_args is not None and not (isinstance(jit_args, _kv.Variant) and jit_args.custom_variant is not None):
+            _unsupported("jit_args", "FlashInfer's JIT-module arguments; kvattn takes a kvattn.Variant that "
+                         "carries a user variant (kvattn.Variant.custom) there")
+        self._jit_variant = jit_args
         self._float_workspace_buffer = float_workspace_buffer
         self._kv_layout = _check_layout(kv_layout)
         self._planned: Optional[_Planned] = None

@@ -81,7 +81,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
             disable_split_kv=bool(disable_split_kv), cuda_graph=graph)
         variant_kwargs = dict(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
                               logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                              rope_scale=rope_scale, rope_theta=rope_theta)
+                              rope_scale=rope_scale, rope_theta=rope_theta, user=self._jit_variant)
         native_kwargs = dict(page_table=(host_indptr, page_ids, host_last), page_size=int(page_size),
                              num_qo_heads=int(num_qo_heads), num_kv_heads=int(num_kv_heads),
                              head_dim_qk=int(head_dim), q_dtype=q_name, kv_dtype=kv_name,

@@ -79,7 +79,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
                                        page_size=int(page_size))
         variant_kwargs = dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
                               window_left=window_left, logits_soft_cap=logits_soft_cap,
-                              sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+                              sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                              user=self._jit_variant)
         native_kwargs = dict(qo_indptr=host_qo, page_table=(host_indptr, page_ids, host_last),
                              page_size=int(page_size), custom_mask=mask, mask_indptr=mask_indptr,
                              num_qo_heads=int(num_qo_heads), num_kv_heads=int(num_kv_heads),
@@ -169,7 +170,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, host_qo, host_kv)
         variant_kwargs = dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
                               window_left=window_left, logits_soft_cap=logits_soft_cap,
-                              sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+                              sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                              user=self._jit_variant)
         native_kwargs = dict(qo_indptr=host_qo, kv_indptr=host_kv, custom_mask=mask,
                              mask_indptr=mask_indptr, num_qo_heads=int(num_qo_heads),
                              num_kv_heads=int(num_kv_heads), head_dim_qk=int(head_dim_qk),
