@@ -15,6 +15,7 @@
 #include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
+#include "support/expect_error.h"
 #include "support/kernel_choice.h"
 #include "support/variant_examples.h"
 
@@ -60,8 +61,10 @@ DecodeKernelConfig user_choice(const DecodeShape& s, const kvattn::CustomVariant
   return choose_decode(key, h200_bulk(s.bulk), kvattn::detail::active_overrides());
 }
 
+std::vector<kvattn::CustomVariant> variants_to_compile();
+
 TEST(CudaUserVariant, EveryExampleCompilesIntoEveryDecodeKernelFamily) {
-  for (const kvattn::CustomVariant& v : all_examples())
+  for (const kvattn::CustomVariant& v : variants_to_compile())
     for (const DecodeShape& s : kShapes) {
       const DecodeKernelConfig c = user_choice(s, v);
       ASSERT_STREQ(family_of(c), s.family) << c.name();
@@ -94,10 +97,34 @@ const PrefillShape kPrefillShapes[] = {
     {DType::bf16, DType::bf16, 128, 4, true, kvattn::kernels::kCausal, 4096, "sm_80", false, false},
     {DType::f16, DType::e4m3, 64, 1, true, kvattn::kernels::kSoftCap, 300, "sm_90a", false, false},
     {DType::bf16, DType::bf16, 128, 8, true, 0, 1, "sm_90a", false, true},  // decode on the prefill kernels
+    // Under built-in ALiBi and a window; under built-in sigmoid and a custom mask (short runs).
+    {DType::bf16, DType::bf16, 128, 4, false, kvattn::kernels::kCausal | kvattn::kernels::kAlibi |
+                                                kvattn::kernels::kSlidingWindow, 4096, "sm_90a", true, false},
+    {DType::f16, DType::f16, 64, 2, true, kvattn::kernels::kSigmoid | kvattn::kernels::kCustomMask, 40, "sm_80", false,
+     false},
 };
 
+// The examples, and one variant with every hook but the sink (output_transform among them).
+std::vector<kvattn::CustomVariant> variants_to_compile() {
+  auto v = all_examples();
+  kvattn::CustomVariant all;
+  all.name = "every_hook";
+  all.source = R"(
+struct Variant {
+  static bool logits_mask(const Params& p, int, int64_t qo_pos, int64_t kv_pos, int, int) { return (qo_pos + kv_pos) % p.period != 1; }
+  static float logits_transform(const Params& p, float logit, int, int64_t, int64_t, int, int kv_head) { return logit + p.shift * float(kv_head); }
+  static float output_transform(const Params& p, float value, int, int64_t, int qo_head, int dim) { return value * p.scale(qo_head) + 0.01f * float(dim % 3); }
+};
+)";
+  all.f32_params = {"shift"};
+  all.i32_params = {"period"};
+  all.tensor_params = {{"scale", DType::f32, 1}};
+  v.push_back(all);
+  return v;
+}
+
 TEST(CudaUserVariant, EveryExampleCompilesIntoThePrefillKernels) {
-  for (const kvattn::CustomVariant& v : all_examples())
+  for (const kvattn::CustomVariant& v : variants_to_compile())
     for (const PrefillShape& s : kPrefillShapes) {
       PrefillProblemKey key;
       key.q_dtype = key.o_dtype = s.q;
@@ -115,6 +142,11 @@ TEST(CudaUserVariant, EveryExampleCompilesIntoThePrefillKernels) {
       ASSERT_EQ(c.tier == kvattn::detail::PrefillTier::wgmma, s.wgmma) << c.name();
       ASSERT_EQ(c.kv_warps > 1, s.uniform_decode) << c.name();
       EXPECT_NE(c.tuning.softmax, kvattn::kernels::prefill::SoftmaxForm::fixed_shift) << c.name();
+      if ((s.features & kvattn::kernels::kSigmoid) && v.name == "learned_sink") {  // no denominator for a sink
+        EXPECT_KVATTN_ERROR(compile_to_cubin(prefill_spec(c, s.arch)),
+                            "sink_logit needs the softmax (the built-in sigmoid attention has no denominator)");
+        continue;
+      }
       for (const KernelSpec& spec : {prefill_spec(c, s.arch), prefill_merge_spec(c, s.arch)}) {
         SCOPED_TRACE(spec.name + " " + s.arch);
         const CompileResult r = compile_to_cubin(spec);

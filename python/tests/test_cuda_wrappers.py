@@ -310,6 +310,9 @@ def test_user_variant_decode(rng, workspace, name, kv_dtype):
                  q_dtype=torch.bfloat16, kv_dtype=TORCH[kv_dtype], variant=variant,
                  scheduler=kvattn.SchedulerOptions(fixed_split_size=split))
         assert dec.kernel_name().startswith("decode_mma_") and f"_u{name}_" in dec.kernel_name(), dec.kernel_name()
+        if not var.has_lse():  # only the compiled variant knows: refused before anything is written
+            with pytest.raises(kvattn.Error, match=f"the user variant {name} has use_softmax = false"):
+                dec.run(cuda(q), (cuda(k), cuda(v)), return_lse=True)
         res = dec.run(cuda(q), (cuda(k), cuda(v)), return_lse=var.has_lse())
         out, lse = res if var.has_lse() else (res, None)
         want_o, want_lse, mag = ref.batch_attention(f64(q), np.arange(len(lens) + 1), ks, vs, var)

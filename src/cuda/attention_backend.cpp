@@ -164,6 +164,9 @@ class CudaPlan final : public GpuPlan {
   GpuKernels family = GpuKernels::prefill;
 
   void run(const AttentionPlan& plan, const RunTensors& in, void* stream) const override {
+    const bool has_lse = family == GpuKernels::decode ? decode->has_lse() : prefill->has_lse();
+    KVATTN_CHECK(!in.lse.defined() || has_lse, "lse was requested but the user variant ",
+                 plan.shape.variant.custom ? plan.shape.variant.custom->name : "", " has use_softmax = false (no lse)");
     const cuda::AttentionTensors t = attention_tensors(plan, in, family);
     if (family == GpuKernels::decode)
       decode->run(t, static_cast<cudaStream_t>(stream));

@@ -196,6 +196,7 @@ KernelSpec decode_spec(const DecodeKernelConfig& c, const std::string& arch) {
     spec.user_source = c.user_variant->source;
   }
   spec.source += "#include \"kernels/decode/persistent.cuh\"\n" + variant_definitions(c.user_variant) + config +
+                 user_softmax_record(c.user_variant) +
                  "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads) + ") " +
                  spec.entry + "(const __grid_constant__ kvattn::kernels::DecodeParams p) {\n"
                  "  extern __shared__ __align__(16) char smem[];\n"

@@ -101,10 +101,14 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
                config_.name(), "; this plan chose ", cfg.name(), ": a KVATTN_DECODE_* setting changed)");
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
+  bool has_lse = has_lse_;
   int per_sm = per_sm_;
   const int smem = decode_smem_bytes(cfg);
   if (!kernel || device != device_ || !(cfg == config_)) {
-    kernel = KernelCache::global().kernel(decode_spec(cfg, dev.arch));
+    const KernelSpec spec = decode_spec(cfg, dev.arch);
+    kernel = KernelCache::global().kernel(spec);
+    // A user variant's use_softmax, as its compiled code has it (no lse without a softmax).
+    has_lse = !cfg.user_variant || KernelCache::global().device_int(spec, kUserSoftmaxSymbol) != 0;
     merge = KernelCache::global().kernel(decode_merge_spec(cfg, dev.arch));
     KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "decode kernel ", cfg.name(), " needs ",
                  smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
@@ -240,6 +244,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   graph_mode_ = bool(opts.cuda_graph);
   kernel_ = kernel;
   merge_kernel_ = merge;
+  has_lse_ = has_lse;
   smem_bytes_ = smem;
   per_sm_ = per_sm;
   device_ = device;

@@ -61,6 +61,9 @@ class DecodeRunner {
   const Plan& schedule() const { return planners_[live_].current(); }
   const DecodeKernelConfig& config() const { return config_; }
   bool planned() const { return kernel_ != nullptr; }
+  // Whether the planned kernel's weights are a softmax, so that run() can give an lse (false for a
+  // user variant with use_softmax = false; the built-in sigmoid is refused before the backend).
+  bool has_lse() const { return has_lse_; }
   // Bytes of device workspace the last plan() used.
   int64_t workspace_used() const { return workspace_used_; }
 
@@ -72,6 +75,7 @@ class DecodeRunner {
   bool graph_mode_ = false;  // the live plan was made with a CUDA-graph capacity
   DecodeKernelConfig config_;
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
+  bool has_lse_ = true;
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
   std::vector<int32_t> qo_indptr_;  // 0, 1, ..., B for the planner
   std::vector<int> active_;         // scratch of the round-robin staging

@@ -116,6 +116,22 @@ cudaKernel_t KernelCache::kernel(const KernelSpec& spec) {
   return s->kernel;
 }
 
+int32_t KernelCache::device_int(const KernelSpec& spec, const char* symbol) {
+  kernel(spec);
+  std::shared_ptr<Slot> s = slot(kernel_key(spec));
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  {
+    std::lock_guard lock(s->mutex);
+    check(cudaLibraryGetGlobal(&ptr, &bytes, s->library, symbol),
+          ("finding " + std::string(symbol) + " in " + spec.name).c_str());
+  }
+  KVATTN_CHECK(bytes == sizeof(int32_t), spec.name, ": ", symbol, " has ", bytes, " bytes, not 4");
+  int32_t value = 0;
+  check(cudaMemcpy(&value, ptr, sizeof value, cudaMemcpyDeviceToHost), ("reading " + std::string(symbol)).c_str());
+  return value;
+}
+
 std::string entry_symbol(const std::string& name) {
   std::string e = "kvattn_" + name;
   for (char& ch : e)

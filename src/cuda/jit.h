@@ -91,6 +91,9 @@ class KernelCache {
   // The loaded kernel, usable with cudaLaunchKernel / cudaLaunchKernelExC (cast to const void*)
   // and cudaFuncSetAttribute on every device of spec.arch. Needs a device.
   cudaKernel_t kernel(const KernelSpec& spec);
+  // The value of the `extern "C" __device__ const int` named `symbol` in spec's module (loaded as
+  // kernel() loads it), read from the current device. Synchronous: for plan(), not run().
+  int32_t device_int(const KernelSpec& spec, const char* symbol);
 
   const std::filesystem::path& dir() const { return disk_.dir(); }
 

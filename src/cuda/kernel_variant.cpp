@@ -32,4 +32,10 @@ std::string variant_member(const std::optional<UserVariantCode>& user, uint32_t 
          ", kvattn_user::Variant, kvattn_user::Params>;\n";
 }
 
+std::string user_softmax_record(const std::optional<UserVariantCode>& user) {
+  if (!user) return {};
+  return std::string("extern \"C\" __device__ const int ") + kUserSoftmaxSymbol +
+         " = KernelConfig::Variant::kUserSoftmax ? 1 : 0;\n";
+}
+
 }  // namespace kvattn::cuda

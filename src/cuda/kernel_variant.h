@@ -36,4 +36,10 @@ std::string variant_definitions(const std::optional<UserVariantCode>& user);
 // The KernelConfig member `using Variant = ...;` for `features` (kernels::VariantFeature bits).
 std::string variant_member(const std::optional<UserVariantCode>& user, uint32_t features);
 
+// A kernel source's tail that records, for the host, whether a user variant's weights are a
+// softmax (only the compiled code knows its use_softmax): the device int kUserSoftmaxSymbol,
+// after the KernelConfig. Empty for the built-in variant.
+inline constexpr const char* kUserSoftmaxSymbol = "kvattn_user_softmax";
+std::string user_softmax_record(const std::optional<UserVariantCode>& user);
+
 }  // namespace kvattn::cuda

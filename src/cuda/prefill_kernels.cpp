@@ -180,7 +180,8 @@ bool choose_wgmma(PrefillKernelConfig& c, const DeviceLimits& limits, const deta
   w.kv_tile = std::max(c.head_dim_qk, c.head_dim_vo) <= 128 ? 128 : 64;
   w.stages = 2;
   w.min_blocks = 1;
-  const bool soft_capped = (c.features & kSoftCap) != 0;
+  // A user variant computes soft-cap with tanhf in its hook path (score_math.cuh), never tanh.approx.
+  const bool soft_capped = (c.features & kSoftCap) != 0 && !c.user_variant;
   w.fast_tanh = soft_capped && ov.prefill_tanh != detail::TanhForm::exact;
   // Of the tuning only the softmax form and the whole-tile transform apply: the rest is cleared so
   // that the name says what the kernel does.
@@ -233,7 +234,7 @@ PrefillKernelConfig choose_prefill(const PrefillProblemKey& key, const DeviceLim
   // the MUFU pipe bounds the kernel (hd 128: 5% cost against the exact form's 12%; at 7bc9489);
   // the exact ex2 + rcp form on the short and decode shapes, which memory bounds (it costs nothing
   // there). Overrides::prefill_tanh forces one form on every shape.
-  const bool soft_capped = (features & kernels::kSoftCap) != 0;
+  const bool soft_capped = (features & kernels::kSoftCap) != 0 && !key.user_variant;  // see choose_wgmma
   c.fast_tanh = soft_capped && ov.prefill_tanh == detail::TanhForm::approx;
   const bool wide = std::max(dqk, dvo) > 128;
   const int max_warps = wide ? 4 : 8;
@@ -387,6 +388,7 @@ KernelSpec prefill_spec(const PrefillKernelConfig& c, const std::string& arch) {
   // The wgmma tile layout swizzles on 1024-byte periods of shared addresses.
   spec.source = std::string(wgmma ? "#include \"kernels/prefill/prefill_wgmma_kernel.cuh\"\n" : "") +
                 "#include \"kernels/prefill/entry.cuh\"\n" + variant_definitions(c.user_variant) + config +
+                user_softmax_record(c.user_variant) +
                 "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(c.threads()) + ", " +
                 std::to_string(c.min_blocks) + ") " + spec.entry +
                 "(const __grid_constant__ kvattn::kernels::PrefillParams p) {\n"

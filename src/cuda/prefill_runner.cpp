@@ -76,12 +76,16 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
                config_.name(), "; this plan chose ", cfg.name(), ": a KVATTN_PREFILL_* setting changed)");
   // The kernels of the previous plan serve again when nothing that specialises them changed.
   cudaKernel_t kernel = kernel_, merge = merge_kernel_;
+  bool has_lse = has_lse_;
   int per_sm = per_sm_;
   const int smem = prefill_smem_bytes(cfg);
   if (!kernel || device != device_ || cfg.name() != config_.name()) {
     KVATTN_CHECK(size_t(smem) <= dev.max_smem_per_block_optin, "prefill kernel ", cfg.name(), " needs ",
                  smem, " bytes of shared memory; ", dev.name, " allows ", dev.max_smem_per_block_optin);
-    kernel = KernelCache::global().kernel(prefill_spec(cfg, dev.arch));
+    const KernelSpec spec = prefill_spec(cfg, dev.arch);
+    kernel = KernelCache::global().kernel(spec);
+    // A user variant's use_softmax, as its compiled code has it (no lse without a softmax).
+    has_lse = !cfg.user_variant || KernelCache::global().device_int(spec, kUserSoftmaxSymbol) != 0;
     merge = KernelCache::global().kernel(prefill_merge_spec(cfg, dev.arch));
     check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -210,6 +214,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   graph_mode_ = bool(opts.cuda_graph);
   kernel_ = kernel;
   merge_kernel_ = merge;
+  has_lse_ = has_lse;
   smem_bytes_ = smem;
   per_sm_ = per_sm;
   device_ = device;

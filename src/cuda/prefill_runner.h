@@ -63,6 +63,9 @@ class PrefillRunner {
   const Plan& schedule() const { return planners_[live_].current(); }
   const PrefillKernelConfig& config() const { return config_; }
   bool planned() const { return kernel_ != nullptr; }
+  // Whether the planned kernel's weights are a softmax, so that run() can give an lse (false for a
+  // user variant with use_softmax = false; the built-in sigmoid is refused before the backend).
+  bool has_lse() const { return has_lse_; }
   int64_t workspace_used() const { return workspace_used_; }
 
  private:
@@ -72,6 +75,7 @@ class PrefillRunner {
   int live_ = 0;
   PrefillKernelConfig config_;
   cudaKernel_t kernel_ = nullptr, merge_kernel_ = nullptr;
+  bool has_lse_ = true;
   int smem_bytes_ = 0, device_ = 0, head_chunks_ = 1, per_sm_ = 0;
   std::vector<int> active_;  // scratch of the round-robin staging
   int64_t grid_ = 0, merge_grid_ = 0, merge_grid_y_ = 1, workspace_used_ = 0;

@@ -252,7 +252,7 @@ struct ScoreMath {
           if constexpr (kSoftmax)
             s[mt][n][j] = visible ? x * kLog2e : -INFINITY;
           else
-            s[mt][n][j] = visible ? Variant::weight(p.variant, x) : 0.0f;
+            s[mt][n][j] = visible && x != -INFINITY ? Variant::weight(p.variant, x) : 0.0f;  // as the CPU
         }
       }
   }

@@ -55,6 +55,8 @@ struct BuiltinVariant {
   // The user-variant hooks the built-in variant does not have (kUser: no user part; the kernels
   // then keep their feature-specialised score paths).
   static constexpr bool kUser = false, kUserSoftmax = true;
+  // Whether the weights may be a softmax (not the baked-in sigmoid).
+  static constexpr bool kMaySoftmax = kFeatures == kDynamicFeatures || (kFeatures & kSigmoid) == 0;
   static constexpr bool kHasSink = false, kHasOutput = false;
   KVATTN_HD static float sink_logit(const VariantParams&, int, int) { return 0.0f; }
   KVATTN_HD static float output_transform(const VariantParams&, float value, int, int64_t, int, int) {

@@ -77,6 +77,8 @@ struct ComposedVariant {
     return true;
   }();
   static_assert(kUserSoftmax || !Hooks::sink, "sink_logit needs the softmax (use_softmax = false has no denominator)");
+  static_assert(Builtin::kMaySoftmax || !Hooks::sink,
+                "sink_logit needs the softmax (the built-in sigmoid attention has no denominator)");
   static constexpr bool kUser = true;
   static constexpr bool kHasSink = Hooks::sink;
   static constexpr bool kHasOutput = Hooks::output;
