@@ -5,8 +5,14 @@
 // and sm_80; a failing user source is reported at its own lines; names and keys follow the source.
 #if KVATTN_WITH_CUDA
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +24,8 @@
 #include "support/expect_error.h"
 #include "support/kernel_choice.h"
 #include "support/variant_examples.h"
+
+extern char** environ;
 
 namespace kvattn_test {
 namespace {
@@ -215,6 +223,46 @@ TEST(CudaUserVariant, ACompileErrorCitesTheUsersOwnLines) {
   }
 }
 
+
+// The child half of the two-process test below: runs only when that test spawns it.
+TEST(CudaUserVariantChild, CompileIntoSharedDir) {
+  const char* dir = std::getenv("KVATTN_USER_VARIANT_CHILD_DIR");
+  if (!dir) GTEST_SKIP() << "helper of CudaUserVariant.TwoProcessesCompilingOneVariantShareOneEntry (spawned by it)";
+  const DecodeKernelConfig c = user_choice(kShapes[0], example("learned_sink", {}, {}, {{"sinks", DType::f32, 1}}));
+  KernelCache(dir).cubin(decode_merge_spec(c, "sm_90a"));
+}
+
+// Two processes compiling the same user variant's kernel at once both succeed and leave one
+// cache entry (the JIT's atomic install; the CPU's shared objects: custom_variant_test.cpp).
+TEST(CudaUserVariant, TwoProcessesCompilingOneVariantShareOneEntry) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("kvattn-user-variant-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()));
+  fs::create_directories(dir);
+  std::string env = "KVATTN_USER_VARIANT_CHILD_DIR=" + dir.string();
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  envp.push_back(env.data());
+  envp.push_back(nullptr);
+  std::string exe = fs::read_symlink("/proc/self/exe");
+  std::string filter = "--gtest_filter=CudaUserVariantChild.CompileIntoSharedDir";
+  char* argv[] = {exe.data(), filter.data(), nullptr};
+  pid_t pids[2];
+  for (pid_t& pid : pids) ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
+  for (pid_t pid : pids) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  }
+  size_t entries = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) entries += e.is_regular_file();
+  EXPECT_EQ(entries, 1u);
+  const DecodeKernelConfig c = user_choice(kShapes[0], example("learned_sink", {}, {}, {{"sinks", DType::f32, 1}}));
+  const CubinLookup r = KernelCache(dir).cubin(decode_merge_spec(c, "sm_90a"));
+  EXPECT_EQ(r.source, CacheSource::disk);
+  EXPECT_TRUE(is_elf(*r.cubin));
+  fs::remove_all(dir);
+}
 }  // namespace
 }  // namespace kvattn_test
 #endif
