@@ -109,6 +109,10 @@ struct PrefillMmaKernel {
     const bool warp_active = row0 < it.q_tokens * C::GH;
     const int32_t pos_first = pos0 + row0 / C::GH;
     const int32_t pos_last = pos0 + min((row0 + 16 * MT - 1) / C::GH, it.q_tokens - 1);
+    // A user variant's hint of the keys this warp's queries may see (variants/custom.cuh kv_range).
+    int64_t hint_lo = it.kv_begin, hint_hi = it.kv_end - 1;
+    if constexpr (C::Variant::kHasKvRange)  // only for real queries (the hook may index by position)
+      if (warp_active) C::Variant::kv_range(p.variant, it.request, pos_first, pos_last, hint_lo, hint_hi);
 
     const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;  // ldmatrix A
     const char* q_warp = qs + (row0 + q_row) * C::kPitchQ + q_col * 2;
@@ -159,6 +163,7 @@ struct PrefillMmaKernel {
       if (C::KV_WARPS > 1) skip = skip || tile0 >= it.kv_end;  // the item's last tile can end before a KV warp's part
       if (C::FEATURES & kCausal) skip = skip || tile0 > pos_last;
       if (C::FEATURES & kSlidingWindow) skip = skip || tile_last < pos_first - p.variant.window_left;
+      if constexpr (C::Variant::kHasKvRange) skip = skip || tile_last < hint_lo || tile0 > hint_hi;
       // Masks only where they can cut: the item's tail, the causal diagonal, the window's edge.
       bool masked = tile_last >= it.kv_end || (C::FEATURES & kCustomMask);
       if (C::FEATURES & kCausal) masked = masked || tile_last > pos_first;

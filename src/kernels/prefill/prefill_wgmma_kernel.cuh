@@ -236,6 +236,20 @@ struct PrefillWgmmaKernel {
         const int32_t lo = first - p.variant.window_left - it.kv_begin;  // first visible key, item-relative
         r.begin = lo <= 0 ? 0 : min(r.end, lo / C::KV_TILE);
       }
+      // A user variant's hint (variants/custom.cuh kv_range), asked for real queries only.
+      if constexpr (C::Variant::kHasKvRange) {
+        if (r.end > 0) {
+          int64_t lo = it.kv_begin, hi = it.kv_end - 1;
+          C::Variant::kv_range(p.variant, it.request, first, last, lo, hi);
+          if (hi < it.kv_begin || lo > hi) {
+            r.end = 0;
+          } else {
+            r.end = int32_t(min(int64_t(r.end), (hi - it.kv_begin) / C::KV_TILE + 1));
+            if (lo > it.kv_begin)
+              r.begin = int32_t(max(int64_t(r.begin), min(int64_t(r.end), (lo - it.kv_begin) / C::KV_TILE)));
+          }
+        }
+      }
       if (r.begin >= r.end) r = {0, 0};
       return r;
     };

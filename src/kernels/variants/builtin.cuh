@@ -57,7 +57,8 @@ struct BuiltinVariant {
   static constexpr bool kUser = false, kUserSoftmax = true;
   // Whether the weights may be a softmax (not the baked-in sigmoid).
   static constexpr bool kMaySoftmax = kFeatures == kDynamicFeatures || (kFeatures & kSigmoid) == 0;
-  static constexpr bool kHasSink = false, kHasOutput = false;
+  static constexpr bool kHasSink = false, kHasOutput = false, kHasKvRange = false;
+  KVATTN_HD static void kv_range(const VariantParams&, int, int64_t, int64_t, int64_t&, int64_t&) {}
   KVATTN_HD static float sink_logit(const VariantParams&, int, int) { return 0.0f; }
   KVATTN_HD static float output_transform(const VariantParams&, float value, int, int64_t, int, int) {
     return value;

@@ -9,6 +9,10 @@
 //                          int dim)                       each output element, after v_scale
 //   float sink_logit(const Params&, int batch, int qo_head)  joins the softmax denominator
 //   static constexpr bool use_softmax = false;            the weights are the transformed logits
+//   void kv_range(const Params&, int batch, int64_t q_first, int64_t q_last, int64_t& kv_first,
+//                 int64_t& kv_last)                       a hint: keys any query in [q_first, q_last]
+//                 may see lie in [kv_first, kv_last] (narrow them); the prefill kernels skip tiles
+//                 outside (logits_mask must still hide those keys: the hint changes no result)
 // Params is generated from the declared parameters: scalars by name, tensors as
 // kvattn::user::Tensor<T, N> (element access t(i, j, ...) through the caller's strides).
 #pragma once
@@ -49,12 +53,16 @@ struct UserHooks {
     { U::output_transform(p, 0.0f, 0, int64_t(0), 0, 0) };
   };
   static constexpr bool sink = requires(const P& p) { { U::sink_logit(p, 0, 0) }; };
+  static constexpr bool range = requires(const P& p, int64_t& a, int64_t& b) {
+    U::kv_range(p, 0, int64_t(0), int64_t(0), a, b);
+  };
   static constexpr bool softmax_flag = requires { U::use_softmax; };
   // A member of a hook's name that the contract cannot call is a signature mismatch.
   static constexpr bool named_transform = requires { &U::logits_transform; };
   static constexpr bool named_mask = requires { &U::logits_mask; };
   static constexpr bool named_output = requires { &U::output_transform; };
   static constexpr bool named_sink = requires { &U::sink_logit; };
+  static constexpr bool named_range = requires { &U::kv_range; };
 };
 
 template <class Builtin, class U, class P>
@@ -71,6 +79,9 @@ struct ComposedVariant {
                 "int batch, int64_t qo_pos, int qo_head, int dim)");
   static_assert(!Hooks::named_sink || Hooks::sink,
                 "sink_logit must be callable as static float sink_logit(const Params&, int batch, int qo_head)");
+  static_assert(!Hooks::named_range || Hooks::range,
+                "kv_range must be callable as static void kv_range(const Params&, int batch, int64_t q_first, "
+                "int64_t q_last, int64_t& kv_first, int64_t& kv_last)");
 
   static constexpr bool kUserSoftmax = [] {
     if constexpr (Hooks::softmax_flag) return bool(U::use_softmax);
@@ -82,6 +93,7 @@ struct ComposedVariant {
   static constexpr bool kUser = true;
   static constexpr bool kHasSink = Hooks::sink;
   static constexpr bool kHasOutput = Hooks::output;
+  static constexpr bool kHasKvRange = Hooks::range;
 
   KVATTN_HD static const P& params(const VariantParams& p) { return *static_cast<const P*>(p.user_params); }
   KVATTN_HD static int batch(const VariantParams& p, const LogitCoord& c) { return p.one_sequence ? 0 : c.request; }
@@ -112,6 +124,11 @@ struct ComposedVariant {
   // The weight of a key without softmax: the built-in sigmoid's, else the transformed logit.
   KVATTN_HD static float weight(const VariantParams& p, float s) {
     return Builtin::use_softmax(p) ? s : Builtin::sigmoid_weight(p, s);
+  }
+  // Narrows [lo, hi] to the keys the queries at positions [q_first, q_last] may see (a hint).
+  KVATTN_HD static void kv_range(const VariantParams& p, int request, int64_t q_first, int64_t q_last, int64_t& lo,
+                                 int64_t& hi) {
+    if constexpr (Hooks::range) U::kv_range(params(p), p.one_sequence ? 0 : request, q_first, q_last, lo, hi);
   }
   KVATTN_HD static float sink_logit(const VariantParams& p, int request, int qo_head) {
     if constexpr (Hooks::sink) return float(U::sink_logit(params(p), p.one_sequence ? 0 : request, qo_head));
