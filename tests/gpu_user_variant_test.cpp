@@ -199,6 +199,9 @@ AttnCase decode_case(const Shape& s, const GpuExample& e, Rng& rng) {
   c.page_size = s.page_size;
   c.variant = s.rope ? e.variant.with_rope(kvattn::RopeConfig{}) : e.variant;
   c.user = &e.hooks;
+  // An output_transform evaluates its own terms in f32 (scaled_window's reach 0.03 and cancel to
+  // near 0 on empty rows): a few f32 units of them on top of the output's tolerance.
+  if (e.hooks.output_transform) c.tolerance.output_abs = 8 * 0x1p-24 * 0.03;
   for (int b = 0; b < 5; ++b) c.lens.push_back({1, rng.integer(1, 600)});
   c.lens.push_back({1, kMaxLen});  // split over several CTAs: partial states merged
   c.lens.push_back({1, 0});        // no keys (the sink alone)
@@ -267,15 +270,16 @@ TEST(GpuUserVariant, EveryExampleOnThePrefillKernels) {
         c.q_dtype = DType::bf16;
         c.kv_dtype = kv;
         c.tolerance.accumulation = 0x1p-8;
-        c.num_qo_heads = kHeads;
-        c.num_kv_heads = 8;
+        c.num_qo_heads = 8;  // the float64 reference's cost: 8/2 heads keep the suite within minutes
+        c.num_kv_heads = 2;
         c.head_dim_qk = 128;
         c.store = store;
         c.page_size = 16;
         const bool own_causal = e->name == "streaming_sink" || e->name == "builtin_streaming_sinks";
         c.variant = own_causal ? e->variant : e->variant.with_causal();
         c.user = &e->hooks;
-        c.lens = {{700, 900}, {1, 300}, {37, 37}, {260, 2999}};
+        if (e->hooks.output_transform) c.tolerance.output_abs = 8 * 0x1p-24 * 0.03;  // as decode_case
+        c.lens = {{300, 500}, {1, 300}, {37, 37}, {130, 1400}};
         c.scheduler.fixed_split_size = rng.coin(0.5) ? 512 : 0;
         c.device_page_table = store == KVStore::paged && rng.coin(0.5);
         run_prefill_case(c, rng);

@@ -342,7 +342,7 @@ def test_user_variant_decode_cuda_graph_replays_after_replans(rng, workspace):
     out = torch.empty(batch, hq, d, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(batch, hq, dtype=torch.float32, device="cuda")
     dec = kvattn.BatchDecode(workspace)
-    graph_mode = kvattn.SchedulerOptions(cuda_graph=kvattn.GraphCapacity(batch, batch))
+    graph_mode = kvattn.SchedulerOptions(cuda_graph=kvattn.GraphCapacity(max_batch=batch, max_tokens=batch))
 
     def plan(lens):
         spare = max_pages - sum(-(-n // ps) for n in lens)
