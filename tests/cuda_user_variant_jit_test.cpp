@@ -180,6 +180,24 @@ TEST(CudaUserVariant, NamesAndKeysFollowTheSource) {
   EXPECT_EQ(builtin.name() + variant_name_suffix(ca.user_variant), ca.name());
 }
 
+// plan()'s cache of the generated code: the same declaration gives the same code without
+// regenerating it, any change a new one, and a bad declaration an error that keeps the last.
+TEST(CudaUserVariant, CodeCacheFollowsTheDeclaration) {
+  UserVariantCodeCache cache;
+  kvattn::CustomVariant v = example("soft_cap", {"cap"});
+  const UserVariantCode first = cache.code_of(v);
+  EXPECT_EQ(&cache.code_of(v), &cache.code_of(kvattn::CustomVariant(v)));
+  EXPECT_EQ(cache.code_of(v), user_variant_code(v));
+  kvattn::CustomVariant other = v;
+  other.f32_params = {"cap", "unused"};
+  EXPECT_NE(cache.code_of(other).digest, first.digest);
+  EXPECT_EQ(cache.code_of(other), user_variant_code(other));
+  kvattn::CustomVariant bad = v;
+  bad.name = "not an identifier";
+  EXPECT_THROW(cache.code_of(bad), kvattn::Error);
+  EXPECT_EQ(cache.code_of(other), user_variant_code(other));
+}
+
 TEST(CudaUserVariant, TheTransposedKernelIsNotChosenForUserVariants) {
   kvattn::detail::Overrides ov;
   ov.decode_kernel = kvattn::detail::DecodeKernelChoice::transposed;

@@ -92,7 +92,7 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   key.page_size = pr.page_size;
   key.features = pr.variant.features;
   key.skewed_batch = skewed;
-  if (pr.custom) key.user_variant = user_variant_code(*pr.custom);
+  if (pr.custom) key.user_variant = user_code_.code_of(*pr.custom);
   DecodeKernelConfig cfg = choose_decode(key, limits, ov);
   // A captured run() replays its kernel: whatever else chose it (an override read at
   // this plan) must not choose another between graph-mode plans (the wrappers check the rest).

@@ -86,6 +86,7 @@ class DecodeRunner {
   bool tma_boxes_ = true;            // Overrides::decode_tma_boxes = false: the TMA kernel copies rows
   bool trace_ = false;               // Overrides::plan_trace: run() says when it has no tensor maps
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
+  UserVariantCodeCache user_code_;  // the generated code of the last plan's user variant
   // DecodeTmaKernel's tensor maps of the caches run() was given, so that a serving loop that calls
   // run() once per layer (one cache each) encodes each layer's maps once: up to kMapSlots pairs,
   // replaced round-robin (a loop over more caches than that re-encodes two maps per run(), a few

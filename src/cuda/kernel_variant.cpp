@@ -16,6 +16,29 @@ UserVariantCode user_variant_code(const CustomVariant& v) {
   return c;
 }
 
+namespace {
+bool same_declaration(const CustomVariant& a, const CustomVariant& b) {
+  auto same_tensors = [&] {
+    if (a.tensor_params.size() != b.tensor_params.size()) return false;
+    for (size_t i = 0; i < a.tensor_params.size(); ++i) {
+      const auto &x = a.tensor_params[i], &y = b.tensor_params[i];
+      if (x.name != y.name || x.dtype != y.dtype || x.ndim != y.ndim) return false;
+    }
+    return true;
+  };
+  return a.name == b.name && a.source == b.source && a.f32_params == b.f32_params && a.i32_params == b.i32_params &&
+         same_tensors();
+}
+}  // namespace
+
+const UserVariantCode& UserVariantCodeCache::code_of(const CustomVariant& v) {
+  if (!variant_ || !same_declaration(*variant_, v)) {
+    code_ = user_variant_code(v);  // validates first: a bad declaration leaves the cache as it was
+    variant_ = v;
+  }
+  return code_;
+}
+
 std::string variant_name_suffix(const std::optional<UserVariantCode>& user) {
   return user ? "_u" + user->name + "_" + user->digest : std::string();
 }

@@ -26,6 +26,17 @@ struct UserVariantCode {
 // Validates `v` (kvattn::Error naming the problem) and generates its code.
 UserVariantCode user_variant_code(const CustomVariant& v);
 
+// user_variant_code of the last variant asked for, kept while the next one is the same (name,
+// source, declarations): a runner's plan() then compares strings instead of hashing the source.
+class UserVariantCodeCache {
+ public:
+  const UserVariantCode& code_of(const CustomVariant& v);
+
+ private:
+  std::optional<CustomVariant> variant_;
+  UserVariantCode code_;
+};
+
 // "_u<name>_<digest>" for a user variant, "" for the built-in one.
 std::string variant_name_suffix(const std::optional<UserVariantCode>& user);
 

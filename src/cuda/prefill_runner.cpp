@@ -62,7 +62,7 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   key.max_qo_len = max_qo;
   key.uniform_decode = uniform_decode;
   key.soft_cap = pr.variant.soft_cap;
-  if (pr.custom) key.user_variant = user_variant_code(*pr.custom);
+  if (pr.custom) key.user_variant = user_code_.code_of(*pr.custom);
   PrefillKernelConfig cfg = choose_prefill(key, limits_of(dev), ov);
   cfg.checked_ids = pr.paged && pr.device_kv_indices != nullptr;
   KVATTN_CHECK(!pr.scheduler.cuda_graph || !kernel_ || config_.checked_ids == cfg.checked_ids,

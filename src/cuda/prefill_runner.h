@@ -83,6 +83,7 @@ class PrefillRunner {
   bool graph_mode_ = false;     // the live plan was made with a CUDA-graph capacity
   kernels::PrefillParams base_{};  // the plan's part of the kernel parameters
   PlanStaging staging_;  // pinned buffers of the plan's copy to the workspace
+  UserVariantCodeCache user_code_;  // the generated code of the last plan's user variant
 };
 
 }  // namespace kvattn::cuda
