@@ -179,7 +179,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
   // fp8: the generator's values times 16 stored (bench_io.h, fill_bench_fp8), 1/16 back in the scales.
   if (kv_es == 1) plan.variant = kvattn::Variant{}.with_scales(1.0f, kvattn_cli::kFp8KVScale, kvattn_cli::kFp8KVScale);
   const kvattn_cli::BenchVariant bench_variant = kvattn_cli::make_bench_variant(
-      o.variant, plan.variant, c.num_qo_heads, *std::max_element(c.lens.begin(), c.lens.end()), o.examples);
+      o.variant, plan.variant, c.num_qo_heads, *std::max_element(c.lens.begin(), c.lens.end()), B, o.examples);
   plan.variant = bench_variant.variant;
   plan.page_size = P;
   plan.scheduler.num_workers = o.workers;
@@ -256,6 +256,7 @@ nlohmann::json run_decode_case(const DecodeBenchCase& c, const DecodeBenchOption
           {"batch", B}, {"kv_tokens", tokens}, {"page_size", P}, {"ms", med}, {"GBps", gbps},
           {"pct_of_4800", 100.0 * gbps / peak_gbps}, {"plan_us", plan_us}, {"plan_p90_us", plan_times.p90_us},
           {"plan_host_table_us", plan_host_table_us}, {"plan_host_table_p90_us", plan_host_table.p90_us},
+          {"first_plan_ms", plan_host_table.first_us / 1e3},
           {"l2_copies", copies}, {"workers", timed_plan ? timed_plan->num_workers() : 0},
           {"kernels", via_prefill ? "prefill" : std::string(decode.kernel_family())},
           {"kernel", via_prefill ? prefill.kernel_name() : decode.kernel_name()},

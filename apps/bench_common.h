@@ -52,12 +52,19 @@ struct DeviceBuffer {
 // staging buffers and wait behind the benchmark's setup, which a serving loop pays once): their
 // median and 90th percentile in microseconds. (Before 10cb283: the median of 20 plans back to
 // back, which moved by up to 7 us between two runs of one binary on the device host.)
+// first_us: the first warm-up call (the process's first plan() of the case compiles its kernels
+// or loads them from the disk cache).
 struct PlanTimes {
-  double median_us = 0, p90_us = 0;
+  double median_us = 0, p90_us = 0, first_us = 0;
 };
 template <class Plan, class Step>
 PlanTimes time_plans(Plan&& plan, Step&& step) {
-  for (int i = 0; i < 3; ++i) plan();
+  double first_us = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    plan();
+    if (i == 0) first_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
   cuda_ok(cudaDeviceSynchronize(), "warm-up plans");
   std::vector<double> us;
   for (int i = 0; i < 200; ++i) {
@@ -67,7 +74,7 @@ PlanTimes time_plans(Plan&& plan, Step&& step) {
     step();
   }
   std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us[us.size() * 9 / 10]};
+  return {us[us.size() / 2], us[us.size() * 9 / 10], first_us};
 }
 
 // Median of `iters` calls of run(copy) (copy = i % copies: the caller rotates cache copies so that

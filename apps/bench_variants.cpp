@@ -1,5 +1,6 @@
 #include "bench_variants.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -46,11 +47,13 @@ float alibi_slope(int h, int n) {
 
 const char* bench_variant_names() {
   return "plain, softcap, alibi, sigmoid (built-in); user-softcap, user-alibi, user-sigmoid (the same as user "
-         "variants), user-sink (learned sinks), user-docmask (document ids, prefill)";
+         "variants), user-sink (learned sinks), user-docmask (document ids, prefill), user-t5 (T5 bias), "
+         "user-prefixlm (a prefix of a quarter of the longest request; non-causal cases), user-streaming "
+         "(4 sink tokens and a window of 1024; causal cases)";
 }
 
 BenchVariant make_bench_variant(const std::string& name, const kvattn::Variant& base, int num_qo_heads,
-                                int64_t max_len, const std::string& examples_dir, int64_t doc_len) {
+                                int64_t max_len, int64_t batch, const std::string& examples_dir, int64_t doc_len) {
   BenchVariant b;
   b.name = name;
   b.variant = base;
@@ -117,6 +120,47 @@ BenchVariant make_bench_variant(const std::string& name, const kvattn::Variant& 
     // Causal within documents of doc_len over a causal max_len: the pairs that stay visible.
     const double docs = double(max_len) / double(doc_len);
     b.visible_fraction = docs * doc_len * (doc_len + 1.0) / (double(max_len) * (max_len + 1.0));
+    return b;
+  }
+  if (name == "user-t5") {  // 32 buckets per head, T5's max_distance of 128
+    constexpr int kBuckets = 32;
+    std::vector<float> bias(static_cast<size_t>(num_qo_heads) * kBuckets);
+    for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.25f * std::sin(float(i));
+    const kvattn::TensorView t(upload(bias.data(), bias.size() * 4), kvattn::DType::f32, {num_qo_heads, kBuckets},
+                               dev);
+    auto v = example(examples_dir, "t5_bias");
+    v.i32_params = {"max_distance"};
+    v.tensor_params = {{"bias", kvattn::DType::f32, 2}};
+    kvattn::CustomValues values;
+    values.i32 = {{"max_distance", 128}};
+    values.tensors = {{"bias", t}};
+    b.variant = base.with_custom(v, values);
+    return b;
+  }
+  if (name == "user-prefixlm") {  // the fractions below: one request of max_len (the 1 x N cases)
+    const int64_t prefix = max_len / 4;
+    std::vector<int32_t> lens(static_cast<size_t>(batch), int32_t(prefix));
+    const kvattn::TensorView t(upload(lens.data(), lens.size() * 4), kvattn::DType::i32, {batch}, dev);
+    auto v = example(examples_dir, "prefix_lm");
+    v.tensor_params = {{"prefix_len", kvattn::DType::i32, 1}};
+    kvattn::CustomValues values;
+    values.tensors = {{"prefix_len", t}};
+    b.variant = base.with_custom(v, values);
+    const double L = double(max_len), P = double(prefix);  // of a non-causal case's L^2 pairs
+    b.visible_fraction = (P * P + (L * (L + 1) - P * (P + 1)) / 2) / (L * L);
+    return b;
+  }
+  if (name == "user-streaming") {
+    constexpr int kSinks = 4, kWindow = 1024;
+    auto v = example(examples_dir, "streaming_sink");
+    v.i32_params = {"num_sink", "window"};
+    kvattn::CustomValues values;
+    values.i32 = {{"num_sink", kSinks}, {"window", kWindow}};
+    b.variant = base.with_custom(v, values);
+    double visible = 0;  // of a causal case's pairs
+    for (int64_t q = 0; q < max_len; ++q)
+      visible += double(std::min<int64_t>(q + 1, kWindow + 1) + std::min<int64_t>(kSinks, std::max<int64_t>(0, q - kWindow)));
+    b.visible_fraction = visible / (double(max_len) * (max_len + 1.0) / 2);
     return b;
   }
 #endif

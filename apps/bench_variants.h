@@ -22,10 +22,11 @@ struct BenchVariant {
 // Names --variant takes, for the help text.
 const char* bench_variant_names();
 
-// `name` for a case of `num_qo_heads` query heads and up to `max_len` positions (document
-// masking: documents of `doc_len` tokens), on top of `base`; user variants read their source
+// `name` for a case of `num_qo_heads` query heads, `batch` requests and up to `max_len` positions
+// (document masking: documents of `doc_len` tokens), on top of `base`; user variants read their source
 // from `examples_dir`. Throws kvattn::Error naming an unknown variant or a missing file.
 BenchVariant make_bench_variant(const std::string& name, const kvattn::Variant& base, int num_qo_heads,
-                                int64_t max_len, const std::string& examples_dir, int64_t doc_len = 1024);
+                                int64_t max_len, int64_t batch, const std::string& examples_dir,
+                                int64_t doc_len = 1024);
 
 }  // namespace kvattn_cli

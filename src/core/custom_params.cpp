@@ -61,7 +61,7 @@ std::string custom_params_source(const CustomVariant& v) {
 
 std::string custom_variant_namespace(const CustomVariant& v, const std::string& resume_file) {
   std::ostringstream os;
-  os << "namespace kvattn_user {\nusing ::kvattn::user::Tensor;\n" << custom_params_source(v) << "#line 1 \""
+  os << "namespace kvattn_user {\nusing ::kvattn::user::Tensor;\nnamespace fast = ::kvattn::user::fast;\n" << custom_params_source(v) << "#line 1 \""
      << v.name << ".variant\"\n" << v.source << "\n#line 1 \"" << resume_file << "\"\n}  // namespace kvattn_user\n";
   return os.str();
 }

@@ -16,7 +16,10 @@ bool approx_tanh_may_run(bool long_shape_default) {
 
 ComputeTolerance allow_approx_tanh(ComputeTolerance t, const kvattn::Variant& variant, double rel_error) {
   if (variant.logits_soft_cap <= 0.0f) return t;
-  const double delta = double(variant.logits_soft_cap) * rel_error;
+  return allow_logit_error(t, double(variant.logits_soft_cap) * rel_error);
+}
+
+ComputeTolerance allow_logit_error(ComputeTolerance t, double delta) {
   t.accumulation += std::expm1(2.0 * delta);
   t.lse_abs += delta / std::log(2.0);
   return t;

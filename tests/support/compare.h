@@ -63,6 +63,8 @@ inline constexpr double kTanhApproxMeasured = 0x1.0p-16;
 // Whether tanh.approx can have run: `long_shape_default` says the case may take the long prefill
 // shape (which defaults to it); KVATTN_PREFILL_TANH then decides.
 bool approx_tanh_may_run(bool long_shape_default);
+// t widened for logits that may move by up to delta (nats) each, as above.
+ComputeTolerance allow_logit_error(ComputeTolerance t, double delta);
 // t widened as above when the variant has soft-cap; unchanged otherwise.
 ComputeTolerance allow_approx_tanh(ComputeTolerance t, const kvattn::Variant& variant,
                                    double rel_error = kTanhApproxPtx);

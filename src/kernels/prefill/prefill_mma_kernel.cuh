@@ -61,7 +61,27 @@ struct PrefillMmaKernel {
     it.q_tokens = item.q_end - item.q_begin;
     it.kv_begin = item.kv_begin;
     it.kv_end = item.kv_end;
+    if constexpr (C::Variant::kHasKvRange) narrow_to_hint(p, it);
     return it;
+  }
+
+  // A user variant's kv_range hint for all the item's queries (variants/custom.cuh): the CTA
+  // loads only the tiles that hold keys in it, from kv_begin in steps of whole tiles (the
+  // loaders' alignment). Keys outside are hidden by the variant's mask: no result changes. An
+  // item with none visible keeps its first tile (its rows come out as rows without keys).
+  static __device__ __forceinline__ void narrow_to_hint(const PrefillParams& p, ItemInfo& it) {
+    if (it.q_tokens <= 0 || it.kv_end <= it.kv_begin) return;
+    const int64_t q_first = int64_t(it.kv_len) - it.qo_len + it.q_begin, q_last = q_first + it.q_tokens - 1;
+    int64_t lo = it.kv_begin, hi = it.kv_end - 1;
+    C::Variant::kv_range(p.variant, it.request, q_first, q_last, lo, hi);
+    lo = max(lo, int64_t(it.kv_begin));
+    hi = min(hi, int64_t(it.kv_end) - 1);
+    if (lo > hi) {
+      it.kv_end = min(it.kv_end, it.kv_begin + C::KV_TILE);
+      return;
+    }
+    it.kv_begin += int32_t((lo - it.kv_begin) / C::KV_TILE) * C::KV_TILE;
+    it.kv_end = int32_t(hi + 1);
   }
 
   static __device__ void run_item(const PrefillParams& p, char* smem, const DeviceWorkItem& item) {
@@ -113,6 +133,10 @@ struct PrefillMmaKernel {
     int64_t hint_lo = it.kv_begin, hint_hi = it.kv_end - 1;
     if constexpr (C::Variant::kHasKvRange)  // only for real queries (the hook may index by position)
       if (warp_active) C::Variant::kv_range(p.variant, it.request, pos_first, pos_last, hint_lo, hint_hi);
+    // And of the keys its mask shows every query of the warp (kv_full_range: no logits_mask there).
+    int64_t full_lo = 1, full_hi = 0;
+    if constexpr (C::Variant::kHasFullRange)
+      if (warp_active) C::Variant::kv_full_range(p.variant, it.request, pos_first, pos_last, full_lo, full_hi);
 
     const int q_row = (lane / 8 % 2) * 8 + lane % 8, q_col = (lane / 16) * 8;  // ldmatrix A
     const char* q_warp = qs + (row0 + q_row) * C::kPitchQ + q_col * 2;
@@ -168,17 +192,18 @@ struct PrefillMmaKernel {
       bool masked = tile_last >= it.kv_end || (C::FEATURES & kCustomMask);
       if (C::FEATURES & kCausal) masked = masked || tile_last > pos_first;
       if (C::FEATURES & kSlidingWindow) masked = masked || tile0 < pos_last - p.variant.window_left;
+      const bool user_mask = C::Variant::kHasUserMask && !(tile0 >= full_lo && tile_last <= full_hi);
       float s[MT][kNT][4];
       PPacked pp;
       if constexpr (kByParts) {
         if (!skip) {
           part_scores<0>(s, qfrag, q_warp, ks_base, lane);
-          tile_parts<0>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp);
+          tile_parts<0>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, user_mask, c_exp);
         }
       } else {
         if (!skip) {
           compute_scores(s, qfrag, q_warp, ks_base, lane);
-          SM::logits(p, it, s, tile0, row0, g, t4, masked);
+          SM::logits(p, it, s, tile0, row0, g, t4, masked, user_mask);
           if constexpr (SM::kSoftmax) SM::online_softmax(s, m, d, acc, c_exp);
           if constexpr (C::kPackP) pack_p(s, pp);
         }
@@ -217,13 +242,15 @@ struct PrefillMmaKernel {
   static __device__ __forceinline__ void tile_parts(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
                                                     PPacked& pp, float (&m)[MT][2], float (&d)[MT][2],
                                                     float (&acc)[MT][kNAcc][4], const char* vs_base, int32_t tile0,
-                                                    int row0, int lane, bool masked, float c_exp) {
+                                                    int row0, int lane, bool masked, bool user_mask,
+                                                    float c_exp) {
     constexpr int N0 = I * kNT / kParts, N1 = (I + 1) * kNT / kParts;
-    SM::template logits<N0, N1>(p, it, s, tile0, row0, lane / 4, lane % 4, masked);
+    SM::template logits<N0, N1>(p, it, s, tile0, row0, lane / 4, lane % 4, masked, user_mask);
     SM::template online_softmax<kNAcc, N0, N1>(s, m, d, acc, c_exp);
     if constexpr (C::kPackP) pack_p<N0, N1>(s, pp);
     accumulate_pv<N0, N1>(s, pp, acc, vs_base, lane);
-    if constexpr (I + 1 < kParts) tile_parts<I + 1>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, c_exp);
+    if constexpr (I + 1 < kParts)
+      tile_parts<I + 1>(p, it, s, pp, m, d, acc, vs_base, tile0, row0, lane, masked, user_mask, c_exp);
   }
 
   // The decode shape's end: KV warps 1.. hand their states (m, the lane's partial d, O fragments)

@@ -221,6 +221,11 @@ struct PrefillWgmmaKernel {
     auto last_pos = [&](int first_row, int rows) { return pos0 + min((first_row + rows - 1) / C::GH, it.q_tokens - 1); };
     // Tiles are skipped per warpgroup (its MMAs are collective) and masked per warp.
     const int32_t pos_first = pos0 + row0 / C::GH, pos_last = last_pos(row0, 16);
+    // The keys a user variant's mask shows every query of the warp (kv_full_range: no logits_mask).
+    int64_t full_lo = 1, full_hi = 0;
+    if constexpr (C::Variant::kHasFullRange)
+      if (row0 < it.q_tokens * C::GH)
+        C::Variant::kv_full_range(p.variant, it.request, pos_first, pos_last, full_lo, full_hi);
     // The tiles a warpgroup computes: one range [begin, end) (its causal mask hides the tiles
     // after it entirely, its window the tiles before it); both warpgroups' ranges are known to
     // both, for the turns below.
@@ -301,7 +306,8 @@ struct PrefillWgmmaKernel {
       bool masked = tile_last >= it.kv_end || (C::FEATURES & kCustomMask);
       if (C::FEATURES & kCausal) masked = masked || tile_last > pos_first;
       if (C::FEATURES & kSlidingWindow) masked = masked || tile0 < pos_last - p.variant.window_left;
-      SM::logits(p, it, sc, tile0, row0, g, t4, masked);
+      const bool user_mask = C::Variant::kHasUserMask && !(tile0 >= full_lo && tile_last <= full_hi);
+      SM::logits(p, it, sc, tile0, row0, g, t4, masked, user_mask);
       if constexpr (SM::kSoftmax) return SM::softmax_weights(sc, m, d, rescale, c_exp);
       return false;
     };

@@ -54,10 +54,11 @@ struct ScoreMath {
   static constexpr float kLog2e = 1.4426950408889634f;
   static constexpr bool kSoftmax = C::kSoftmax;
   using Variant = typename C::Variant;
-  // A user variant: every tile's scores go through the variant's hooks (user_logits).
+  // A user variant: scores go through the variant's hooks (user_logits).
   static constexpr bool kUser = Variant::kUser;
   // Variants whose logits change on every tile; the others need only the mask.
-  static constexpr bool kTransform = (C::FEATURES & (kSoftCap | kAlibi)) != 0 || !kSoftmax || kUser;
+  static constexpr bool kTransform =
+      (C::FEATURES & (kSoftCap | kAlibi)) != 0 || !kSoftmax || Variant::kHasUserTransform;
   using Builtin = BuiltinVariant<C::FEATURES>;  // the built-in part (ALiBi's slopes)
 
   // Soft-cap through tanh.approx under softmax keeps its scores as t = tanh(x scale / c): the
@@ -74,10 +75,45 @@ struct ScoreMath {
   }
 
   // The factor between a score as the softmax sees it and log2 units (raw scores: |sm_scale|
-  // log2 e; tanh.approx soft-cap: c L; other transformed ones are already in log2 units).
+  // log2 e; tanh.approx soft-cap: c L; a user variant's transformed logits: log2 e, folded into
+  // the softmax's FFMA; other transformed ones are already in log2 units).
   static __device__ __forceinline__ float exp_scale(const PrefillParams& p) {
     if constexpr (kCapUnits) return p.variant.soft_cap * kLog2e;
+    if constexpr (kUser && kTransform) return kLog2e;
     return kTransform ? 1.0f : fmaxf(fabsf(p.variant.sm_scale) * kLog2e, 1e-30f);  // never 0 x inf
+  }
+
+  // The built-in masks of one row: its visible keys are one range [lo, hi) (the item's end, cut
+  // by the causal diagonal and the window's edge: Variant::logits_mask's rules, compared in 32
+  // bits as positions are int32 in the plan), then a custom mask clears keys inside it. Keys are
+  // positioned by their index in the request (prefill: position = index).
+  struct RowMask {
+    int32_t lo, hi;
+    int64_t row_bit;     // custom mask: the row's bits start at bit (q_idx x kv_len) of the request's
+    const uint8_t* bits;  // the request's custom-mask bits
+
+    __device__ __forceinline__ RowMask(const PrefillParams& p, const ItemInfo& it, int32_t tq, int32_t q_pos,
+                                       bool row_ok, const uint8_t* mask)
+        : lo(row_ok ? -2147483647 - 1 : 2147483647), hi(it.kv_end), row_bit(0), bits(mask) {
+      // a row past the item: none
+      if constexpr ((C::FEATURES & kCausal) != 0) hi = min(hi, q_pos + 1);
+      if constexpr ((C::FEATURES & kSlidingWindow) != 0)
+        if (row_ok) lo = q_pos - p.variant.window_left;
+      if constexpr ((C::FEATURES & kCustomMask) != 0) row_bit = int64_t(it.q_begin + tq) * it.kv_len;
+    }
+    __device__ __forceinline__ bool visible(int32_t kv) const {
+      bool v = kv >= lo && kv < hi;
+      if constexpr ((C::FEATURES & kCustomMask) != 0)
+        if (v) {
+          const int64_t bit = row_bit + kv;
+          v = (bits[bit >> 3] >> (bit & 7)) & 1;
+        }
+      return v;
+    }
+  };
+  static __device__ __forceinline__ const uint8_t* request_mask(const PrefillParams& p, const ItemInfo& it) {
+    if constexpr ((C::FEATURES & kCustomMask) != 0) return p.variant.custom_mask + p.variant.mask_indptr[it.request];
+    return nullptr;
   }
 
   // The variant's logit transform with its constants folded (one thread, one tile): softmax
@@ -126,11 +162,13 @@ struct ScoreMath {
   // Masks (when `masked`) and transforms the tile's scores. Softmax: masked scores become -inf;
   // sigmoid: scores become weights, 0 where masked.
   // N0, N1: the n-tiles (8 keys each) to transform (one part of a tile under TileSplit::halves or quarters).
+  // user_mask: a user variant's logits_mask may cut the tile (false inside its kv_full_range).
   template <int N0 = 0, int N1 = kNT>
   static __device__ __forceinline__ void logits(const PrefillParams& p, const ItemInfo& it, float (&s)[MT][kNT][4],
-                                                int32_t tile0, int row0, int g, int t4, bool masked) {
+                                                int32_t tile0, int row0, int g, int t4, bool masked,
+                                                bool user_mask = true) {
     if constexpr (kUser) {
-      user_logits<N0, N1>(p, it, s, tile0, row0, g, t4);
+      user_logits<N0, N1>(p, it, s, tile0, row0, g, t4, masked, user_mask && Variant::kHasUserMask);
       return;
     }
     if (!kTransform && !masked) return;
@@ -138,9 +176,7 @@ struct ScoreMath {
     // ALiBi slope of a row's head. A thread's rows are g + 8 i apart from row0: with GH dividing 8
     // they all have one head, so one slope (an exp2 and a loop) serves all of them.
     constexpr bool kOneHead = 8 % C::GH == 0;
-    const uint8_t* request_mask = nullptr;  // the item's request's custom-mask bits
-    if constexpr ((C::FEATURES & kCustomMask) != 0)
-      request_mask = p.variant.custom_mask + p.variant.mask_indptr[it.request];
+    const uint8_t* mask_bits = request_mask(p, it);  // the item's request's custom-mask bits
     if constexpr ((C::FEATURES & kAlibi) != 0 && kOneHead)
       tf.slope = tf.slope_unit * Builtin::alibi_slope(it.head0 + (row0 + g) % C::GH, p.variant.num_qo_heads);
     // kWholeTileTransform: a tile no mask cuts is transformed in one branch-free block (64
@@ -185,30 +221,12 @@ struct ScoreMath {
           }
           continue;
         }
-        const bool row_ok = tq < it.q_tokens;
-        // The visible keys of a row are one range [lo, hi): the item's end, cut by the causal
-        // diagonal and the window's edge (Variant::logits_mask's rules), compared in 32 bits
-        // (positions are int32 in the plan); a custom mask then clears keys inside it. Keys are
-        // positioned by their index in the request (prefill: position = index).
-        int32_t lo = row_ok ? -2147483647 - 1 : 2147483647, hi = it.kv_end;  // a row past the item: none
-        if constexpr ((C::FEATURES & kCausal) != 0) hi = min(hi, q_pos + 1);
-        if constexpr ((C::FEATURES & kSlidingWindow) != 0)
-          if (row_ok) lo = q_pos - p.variant.window_left;
-        // Custom mask: the row's bits start at bit (q_idx x kv_len) of the request's mask.
-        int64_t row_bit = 0;
-        if constexpr ((C::FEATURES & kCustomMask) != 0) row_bit = int64_t(it.q_begin + tq) * it.kv_len;
+        const RowMask row_mask(p, it, tq, q_pos, tq < it.q_tokens, mask_bits);
 #pragma unroll
         for (int n = N0; n < N1; ++n) {
           const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
           bool visible = true;
-          if (masked) {
-            visible = kv >= lo && kv < hi;
-            if constexpr ((C::FEATURES & kCustomMask) != 0)
-              if (visible) {
-                const int64_t bit = row_bit + kv;
-                visible = (request_mask[bit >> 3] >> (bit & 7)) & 1;
-              }
-          }
+          if (masked) visible = row_mask.visible(kv);
           float x = s[mt][n][j];
           if constexpr (kTransform) {
             x = tf(x, slope, float(kv - q_pos));
@@ -220,15 +238,51 @@ struct ScoreMath {
       }
   }
 
-  // A user variant's scores: each key's coordinates through Variant::logits_mask (the built-in
-  // masks ANDed with the user's) and Variant::logits_transform (soft-cap and ALiBi, then the
-  // user's) on the logit x |sm_scale| (load_q negated q for a negative sm_scale); softmax weights
-  // in log2 units, or the variant's weights (Variant::weight), 0 where hidden. On every tile: a
-  // user mask may cut any of them.
+  // A user variant's scores: the built-in masks where they cut the tile (`masked`, as above), the
+  // user's logits_mask on every key where it may cut (`user_mask`), and Variant::logits_transform
+  // (soft-cap and ALiBi, then the user's) on the logit x |sm_scale| (load_q negated q for a
+  // negative sm_scale). Softmax: -inf where hidden, natural units (exp_scale is log2 e); otherwise
+  // the variant's weights (Variant::weight), 0 where hidden. Without a transform an uncut tile is
+  // left as it is. The hooks run on every key of the tile, unconditionally so that what they read
+  // per row is read once, at real coordinates: a row past the item as the item's last query, a key
+  // past it as its last key (their results are then discarded).
   template <int N0, int N1>
   static __device__ __forceinline__ void user_logits(const PrefillParams& p, const ItemInfo& it,
-                                                     float (&s)[MT][kNT][4], int32_t tile0, int row0, int g, int t4) {
+                                                     float (&s)[MT][kNT][4], int32_t tile0, int row0, int g, int t4,
+                                                     bool masked, bool user_mask) {
+    if constexpr (!kTransform)
+      if (!masked && !user_mask) return;
     const float scale = fabsf(p.variant.sm_scale);
+    const uint8_t* mask_bits = request_mask(p, it);
+    const auto up = Variant::user_params(p.variant);
+    const int32_t last_kv = it.kv_end - 1;
+    auto coord = [&](int row) {  // a row's coordinates (kv_idx, kv_pos: per key)
+      const int32_t tq = min(row / C::GH, it.q_tokens - 1);
+      LogitCoord c;
+      c.request = it.request;
+      c.qo_head = it.head0 + row % C::GH;
+      c.q_idx = it.q_begin + tq;
+      c.q_pos = int64_t(it.kv_len) - it.qo_len + c.q_idx;
+      c.kv_len = it.kv_len;
+      return c;
+    };
+    if constexpr (kTransform) {
+      if (!masked && !user_mask) {  // every key visible: the transform alone, branch-free
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            LogitCoord c = coord(row0 + mt * 16 + g + 8 * (j / 2));
+#pragma unroll
+            for (int n = N0; n < N1; ++n) {
+              c.kv_idx = c.kv_pos = tile0 + n * 8 + 2 * t4 + (j & 1);
+              const float y = Variant::logits_transform(p.variant, up, s[mt][n][j] * scale, c);
+              s[mt][n][j] = kSoftmax ? y : y != -INFINITY ? Variant::weight(p.variant, y) : 0.0f;
+            }
+          }
+        return;
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -236,21 +290,22 @@ struct ScoreMath {
         const int row = row0 + mt * 16 + g + 8 * (j / 2);
         const int32_t tq = row / C::GH;
         const bool row_ok = tq < it.q_tokens;
-        LogitCoord c;
-        c.request = it.request;
-        c.qo_head = it.head0 + row % C::GH;
-        c.q_idx = it.q_begin + tq;
-        c.q_pos = int64_t(it.kv_len) - it.qo_len + c.q_idx;
-        c.kv_len = it.kv_len;
+        const int32_t q_pos = it.kv_len - it.qo_len + it.q_begin + tq;
+        const RowMask row_mask(p, it, tq, q_pos, row_ok, mask_bits);
+        LogitCoord c = coord(row);
 #pragma unroll
         for (int n = N0; n < N1; ++n) {
           const int32_t kv = tile0 + n * 8 + 2 * t4 + (j & 1);
-          c.kv_idx = c.kv_pos = kv;  // prefill keys sit at their index
-          const bool visible = row_ok && kv < it.kv_end && Variant::logits_mask(p.variant, c);
-          float x = -INFINITY;
-          if (visible) x = Variant::logits_transform(p.variant, s[mt][n][j] * scale, c);
+          c.kv_idx = c.kv_pos = min(kv, last_kv);  // prefill keys sit at their index
+          bool visible = masked ? row_mask.visible(kv) : row_ok;
+          if (user_mask) visible = Variant::user_mask(p.variant, up, c) && visible;
+          float x = s[mt][n][j];
+          if constexpr (kTransform) {
+            const float y = Variant::logits_transform(p.variant, up, x * scale, c);
+            x = visible ? y : -INFINITY;
+          }
           if constexpr (kSoftmax)
-            s[mt][n][j] = visible ? x * kLog2e : -INFINITY;
+            s[mt][n][j] = visible ? x : -INFINITY;
           else
             s[mt][n][j] = visible && x != -INFINITY ? Variant::weight(p.variant, x) : 0.0f;  // as the CPU
         }

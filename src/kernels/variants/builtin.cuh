@@ -58,7 +58,9 @@ struct BuiltinVariant {
   // Whether the weights may be a softmax (not the baked-in sigmoid).
   static constexpr bool kMaySoftmax = kFeatures == kDynamicFeatures || (kFeatures & kSigmoid) == 0;
   static constexpr bool kHasSink = false, kHasOutput = false, kHasKvRange = false;
+  static constexpr bool kHasUserTransform = false, kHasUserMask = false, kHasFullRange = false;
   KVATTN_HD static void kv_range(const VariantParams&, int, int64_t, int64_t, int64_t&, int64_t&) {}
+  KVATTN_HD static void kv_full_range(const VariantParams&, int, int64_t, int64_t, int64_t&, int64_t&) {}
   KVATTN_HD static float sink_logit(const VariantParams&, int, int) { return 0.0f; }
   KVATTN_HD static float output_transform(const VariantParams&, float value, int, int64_t, int, int) {
     return value;
