@@ -16,20 +16,19 @@ struct Variant {
     }
     return lo;
   }
-  // Queries at q_first..q_last see no key before q_first's document nor after q_last's.
+  // Queries at q_first..q_last see no key before q_first's document nor after q_last's (searched
+  // within the block's key range [kv_first, kv_last], which comes in already narrowed).
   static void kv_range(const Params& p, int, int64_t q_first, int64_t q_last, int64_t& kv_first, int64_t& kv_last) {
-    const int64_t n = p.doc_ids.size(0);
-    const int64_t lo = first_at_least(p, p.doc_ids(q_first), 0, q_first);
-    const int64_t hi = first_at_least(p, p.doc_ids(q_last) + 1, q_last, n) - 1;
-    if (lo > kv_first) kv_first = lo;
-    if (hi < kv_last) kv_last = hi;
+    if (kv_first < q_first) kv_first = first_at_least(p, p.doc_ids(q_first), kv_first, q_first);
+    if (kv_last > q_last) kv_last = first_at_least(p, p.doc_ids(q_last) + 1, q_last, kv_last + 1) - 1;
   }
-  // Queries of one document all see that document's keys.
+  // Queries of one document all see its keys up to the last of them (keys after it: the mask
+  // decides, or the built-in causal mask hides them).
   static void kv_full_range(const Params& p, int, int64_t q_first, int64_t q_last, int64_t& kv_first,
                             int64_t& kv_last) {
     const int32_t doc = p.doc_ids(q_first);
     if (p.doc_ids(q_last) != doc) return;
     kv_first = first_at_least(p, doc, 0, q_first);
-    kv_last = first_at_least(p, doc + 1, q_last, p.doc_ids.size(0)) - 1;
+    kv_last = q_last;
   }
 };
