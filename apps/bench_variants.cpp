@@ -138,6 +138,8 @@ BenchVariant make_bench_variant(const std::string& name, const kvattn::Variant& 
     return b;
   }
   if (name == "user-prefixlm") {  // the fractions below: one request of max_len (the 1 x N cases)
+    KVATTN_CHECK(!base.causal, "--variant user-prefixlm: takes a non-causal case (its mask is causal past the "
+                               "prefix by itself; the built-in causal mask would hide the prefix's future)");
     const int64_t prefix = max_len / 4;
     std::vector<int32_t> lens(static_cast<size_t>(batch), int32_t(prefix));
     const kvattn::TensorView t(upload(lens.data(), lens.size() * 4), kvattn::DType::i32, {batch}, dev);
@@ -151,6 +153,8 @@ BenchVariant make_bench_variant(const std::string& name, const kvattn::Variant& 
     return b;
   }
   if (name == "user-streaming") {
+    KVATTN_CHECK(base.causal, "--variant user-streaming: takes a causal case (its visible fraction counts "
+                              "causal pairs)");
     constexpr int kSinks = 4, kWindow = 1024;
     auto v = example(examples_dir, "streaming_sink");
     v.i32_params = {"num_sink", "window"};

@@ -117,6 +117,16 @@ std::vector<std::unique_ptr<GpuExample>> decode_examples(Rng& rng) {
                                                {.tensors = {{"doc_ids", e->on_device(std::move(docs))}}});
   }
   {
+    GpuExample* e = add("prefix_lm");  // per-request prefixes: none, short, past the request
+    constexpr int kRequests = 16;        // covers every case's batch
+    HostTensor prefix(DType::i32, {kRequests});
+    auto pl = std::make_shared<std::vector<int>>(kRequests);
+    for (int b = 0; b < kRequests; ++b) prefix.set_at(b, (*pl)[size_t(b)] = b % 4 == 0 ? 0 : int(rng.integer(1, 1500)));
+    e->hooks.logits_mask = [=](int b, int64_t qp, int64_t kp, int, int) { return kp <= qp || kp < (*pl)[size_t(b)]; };
+    e->variant = kvattn::Variant{}.with_custom(example("prefix_lm", {}, {}, {{"prefix_len", DType::i32, 1}}),
+                                               {.tensors = {{"prefix_len", e->on_device(std::move(prefix))}}});
+  }
+  {
     GpuExample* e = add("streaming_sink");
     const int sink = 4, window = 200;
     e->hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return kp <= qp && (kp < sink || kp >= qp - window); };
@@ -278,7 +288,8 @@ TEST(GpuUserVariant, EveryExampleOnThePrefillKernels) {
         c.head_dim_qk = 128;
         c.store = store;
         c.page_size = 16;
-        const bool own_causal = e->name == "streaming_sink" || e->name == "builtin_streaming_sinks";
+        const bool own_causal =
+            e->name == "streaming_sink" || e->name == "builtin_streaming_sinks" || e->name == "prefix_lm";
         c.variant = own_causal ? e->variant : e->variant.with_causal();
         c.user = &e->hooks;
         if (e->hooks.output_transform) c.tolerance.output_abs = 8 * 0x1p-24 * 0.03;  // as decode_case

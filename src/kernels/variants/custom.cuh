@@ -193,7 +193,7 @@ struct ComposedVariant {
                                  int64_t& hi) {
     if constexpr (Hooks::range) U::kv_range(params(p), p.one_sequence ? 0 : request, q_first, q_last, lo, hi);
   }
-  // Narrows [lo, hi] (empty on entry) to keys every query at [q_first, q_last] sees (a promise).
+  // Sets [lo, hi] (empty on entry) to keys every query at [q_first, q_last] sees (a promise).
   KVATTN_HD static void kv_full_range(const VariantParams& p, int request, int64_t q_first, int64_t q_last,
                                       int64_t& lo, int64_t& hi) {
     if constexpr (Hooks::full_range)
