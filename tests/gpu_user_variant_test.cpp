@@ -301,6 +301,151 @@ TEST(GpuUserVariant, EveryExampleOnThePrefillKernels) {
       }
 }
 
+// The range hooks on both prefill tiers, with and without the built-in causal mask: document
+// masking (short documents: blocks hold several; long ones: tiles inside kv_full_range) and
+// PrefixLM (no prefix, a short one, one past every request), ragged or paged at random, splits at
+// random (narrowed items whose chunks see nothing).
+const std::vector<std::pair<int64_t, int64_t>> kRangeLens = {{300, 500}, {1, 300},   {37, 37},
+                                                             {130, 1400}, {512, 512}, {700, 2000}};
+
+AttnCase range_case(const kvattn::Variant& v, bool causal, const ref::UserHooks& hooks, Rng& rng) {
+  AttnCase c;
+  c.on_gpu = true;
+  c.q_dtype = DType::bf16;
+  c.kv_dtype = DType::bf16;
+  c.tolerance.accumulation = 0x1p-8;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim_qk = 128;
+  c.store = rng.coin(0.5) ? KVStore::paged : KVStore::ragged;
+  c.page_size = 16;
+  c.lens = kRangeLens;
+  c.scheduler.fixed_split_size = rng.coin(0.5) ? 512 : 0;
+  c.variant = causal ? v.with_causal() : v;
+  c.user = &hooks;
+  return c;
+}
+
+TEST(GpuUserVariant, RangeHooksWithAndWithoutCausalOnBothTiers) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  for (const char* tier : {"mma_sync", "wgmma"}) {
+    ScopedOverride force("KVATTN_PREFILL_TIER", tier);
+    for (bool causal : {false, true}) {
+      for (double mean_doc : {20.0, 700.0}) {
+        SCOPED_TRACE(std::string(tier) + (causal ? " causal" : " non-causal") + ", documents of about " +
+                     std::to_string(int(mean_doc)));
+        GpuExample e;
+        const int64_t n = 2000;
+        HostTensor docs(DType::i32, {n});
+        auto d = std::make_shared<std::vector<int>>(n);
+        int doc = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          if (i > 0 && rng.coin(1.0 / mean_doc)) ++doc;
+          docs.set_at(i, (*d)[size_t(i)] = doc);
+        }
+        e.hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return (*d)[size_t(qp)] == (*d)[size_t(kp)]; };
+        const auto v = kvattn::Variant{}.with_custom(example("document_mask", {}, {}, {{"doc_ids", DType::i32, 1}}),
+                                                     {.tensors = {{"doc_ids", e.on_device(std::move(docs))}}});
+        run_prefill_case(range_case(v, causal, e.hooks, rng), rng);
+      }
+      for (int prefix : {0, 333, 5000}) {
+        SCOPED_TRACE(std::string(tier) + (causal ? " causal" : " non-causal") + ", prefix " + std::to_string(prefix));
+        GpuExample e;
+        const int batch = int(kRangeLens.size());
+        HostTensor lens(DType::i32, {batch});
+        auto pl = std::make_shared<std::vector<int>>(batch);
+        for (int b = 0; b < batch; ++b) lens.set_at(b, (*pl)[size_t(b)] = b % 2 ? prefix : prefix / 2 + 1);
+        e.hooks.logits_mask = [=](int b, int64_t qp, int64_t kp, int, int) { return kp <= qp || kp < (*pl)[size_t(b)]; };
+        const auto v = kvattn::Variant{}.with_custom(example("prefix_lm", {}, {}, {{"prefix_len", DType::i32, 1}}),
+                                                     {.tensors = {{"prefix_len", e.on_device(std::move(lens))}}});
+        run_prefill_case(range_case(v, causal, e.hooks, rng), rng);
+      }
+    }
+  }
+}
+
+// The prefill kernels call the hooks unconditionally at clamped coordinates (docs/VARIANTS.md):
+// a probe variant (test-only: it writes a flag, which the contract forbids real hooks) records
+// any call with a batch, position or head outside the request, and any range hook called with an
+// inverted block or a non-empty full range on entry; softmax and use_softmax = false.
+const char* kCoordinateProbe = R"(
+struct Variant {
+  static constexpr bool use_softmax = !SIGMOID;
+  static void flag(const Params& p, int bit) {
+    int32_t* f = const_cast<int32_t*>(&p.flags(0));
+#if defined(__CUDA_ARCH__)
+    atomicOr(f, bit);
+#else
+    *f |= bit;
+#endif
+  }
+  static bool pos_ok(const Params& p, int batch, int64_t x) { return x >= 0 && x < p.kv_lens(batch); }
+  static bool logits_mask(const Params& p, int batch, int64_t qo_pos, int64_t kv_pos, int qo_head, int) {
+    if (batch < 0 || batch >= p.kv_lens.size(0)) { flag(p, 1); return false; }
+    if (!pos_ok(p, batch, qo_pos)) flag(p, 2);
+    if (!pos_ok(p, batch, kv_pos)) flag(p, 4);
+    if (qo_head < 0 || qo_head >= p.heads) flag(p, 8);
+    return kv_pos <= qo_pos || kv_pos < p.prefix;
+  }
+  static float logits_transform(const Params& p, float logit, int batch, int64_t qo_pos, int64_t kv_pos, int qo_head, int) {
+    if (!pos_ok(p, batch, qo_pos) || !pos_ok(p, batch, kv_pos)) flag(p, 16);
+    if (qo_head < 0 || qo_head >= p.heads) flag(p, 32);
+    const float x = logit + 0.01f * float(qo_head);
+    return SIGMOID ? 1.0f / (1.0f + expf(-x)) : x;
+  }
+  static void kv_range(const Params& p, int batch, int64_t q_first, int64_t q_last, int64_t& kv_first, int64_t& kv_last) {
+    if (!pos_ok(p, batch, q_first) || !pos_ok(p, batch, q_last) || q_first > q_last) flag(p, 64);
+    if (!pos_ok(p, batch, kv_first) || !pos_ok(p, batch, kv_last) || kv_first > kv_last) flag(p, 128);
+    const int64_t last = q_last > p.prefix - 1 ? q_last : p.prefix - 1;
+    if (last < kv_last) kv_last = last;
+  }
+  static void kv_full_range(const Params& p, int batch, int64_t q_first, int64_t q_last, int64_t& kv_first, int64_t& kv_last) {
+    if (!pos_ok(p, batch, q_first) || !pos_ok(p, batch, q_last) || q_first > q_last) flag(p, 256);
+    if (kv_first <= kv_last) flag(p, 512);
+    kv_first = 0;
+    kv_last = q_first > p.prefix - 1 ? q_first : p.prefix - 1;
+  }
+};
+)";
+
+TEST(GpuUserVariant, HooksSeeOnlyRealCoordinates) {
+  SKIP_WITHOUT_GPU();
+  KVATTN_CASE_RNG(rng);
+  for (bool sigmoid : {false, true})
+    for (const char* tier : {"mma_sync", "wgmma"})
+      for (bool causal : {false, true})
+        for (int prefix : {0, 700}) {
+          SCOPED_TRACE(std::string(tier) + (causal ? " causal" : " non-causal") + ", prefix " + std::to_string(prefix) +
+                       (sigmoid ? ", use_softmax = false" : ""));
+          ScopedOverride force("KVATTN_PREFILL_TIER", tier);
+          GpuExample e;
+          const int batch = int(kRangeLens.size());
+          HostTensor lens(DType::i32, {batch});
+          for (int b = 0; b < batch; ++b) lens.set_at(b, double(kRangeLens[size_t(b)].second));
+          HostTensor flags(DType::i32, {1});
+          flags.set_at(0, 0.0);
+          const kvattn::TensorView lv = e.on_device(std::move(lens));
+          const kvattn::TensorView fv = e.on_device(std::move(flags));
+          CustomVariant probe;
+          probe.name = "coordinate_probe";
+          probe.source = std::string("#define SIGMOID ") + (sigmoid ? "1" : "0") + "\n" + kCoordinateProbe;
+          probe.i32_params = {"prefix", "heads"};
+          probe.tensor_params = {{"kv_lens", DType::i32, 1}, {"flags", DType::i32, 1}};
+          e.hooks.use_softmax = !sigmoid;
+          e.hooks.logits_mask = [=](int, int64_t qp, int64_t kp, int, int) { return kp <= qp || kp < prefix; };
+          e.hooks.logits_transform = [=](double x, int, int64_t, int64_t, int h, int) {
+            return sigmoid ? 1.0 / (1.0 + std::exp(-(x + 0.01 * h))) : x + 0.01 * h;
+          };
+          const auto v = kvattn::Variant{}.with_custom(
+              probe, {.i32 = {{"prefix", prefix}, {"heads", 8}}, .tensors = {{"kv_lens", lv}, {"flags", fv}}});
+          run_prefill_case(range_case(v, causal, e.hooks, rng), rng);
+          device_synchronize();
+          e.device[1]->copy_back(*e.host[1]);
+          EXPECT_EQ(int(e.host[1]->get_at(0)), 0) << "hook calls out of range (bit flags, see kCoordinateProbe)";
+        }
+}
+
 #else
 TEST(GpuUserVariant, EveryExampleOnEveryDecodeKernelFamily) { SKIP_WITHOUT_GPU(); }
 #endif
