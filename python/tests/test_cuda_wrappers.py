@@ -140,6 +140,54 @@ def test_decode_wrapper_cuda_graph_replays_after_replans(rng, workspace):
         check(lens, table)
 
 
+def test_prefill_wrapper_cuda_graph_replays_after_replans(rng, workspace):
+    """The paged prefill wrapper in graph mode: captured once, replayed after re-plans that move
+    the same token budget between requests and change every KV length."""
+    hq, hkv, d, ps, batch, max_pages, tokens = 32, 8, 128, 16, 3, 800, 428
+    bufs = dict(qo_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32, device="cuda"),
+                paged_kv_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32, device="cuda"),
+                paged_kv_indices_buf=torch.zeros(max_pages, dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buf=torch.zeros(batch, dtype=torch.int32, device="cuda"))
+    k = cast(rand(rng, (max_pages, ps, hkv, d)), "bf16")
+    v = cast(rand(rng, (max_pages, ps, hkv, d)), "bf16")
+    kc, vc = cuda(k), cuda(v)
+    q = cast(rand(rng, (tokens, hq, d)), "bf16")
+    qc = cuda(q)
+    out = torch.empty(tokens, hq, d, dtype=torch.bfloat16, device="cuda")
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=True, **bufs)
+
+    def plan(qo_lens, kv_lens):
+        qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+        spare = max_pages - sum(-(-n // ps) for n in kv_lens)
+        table = page_table(rng, kv_lens, ps, spare_pages=spare)[:3]
+        w.plan(cuda(qo_indptr), *(cuda(a) for a in table), hq, hkv, d, ps, causal=True,
+               q_data_type=torch.bfloat16)
+        return qo_indptr, table
+
+    def check(plan_result):
+        qo_indptr, table = plan_result
+        ks = ref.gather_paged(f64(k), "NHD", *table, ps)
+        vs = ref.gather_paged(f64(v), "NHD", *table, ps)
+        want, _, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs, ref.Var(causal=True))
+        check_gpu(out, want, mag, "bf16")
+
+    planned = plan([300, 100, 28], [700, 100, 2000])
+    w.run(qc, (kc, vc), out=out)  # compiles before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(qc, (kc, vc), out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(planned)
+    for qo_lens, kv_lens in (([28, 300, 100], [28, 5000, 900]), ([1, 1, 426], [3000, 64, 426])):
+        planned = plan(qo_lens, kv_lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(planned)
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("ps", [1, 16])

@@ -142,6 +142,45 @@ def test_prefill_paged_wrapper(rng, dtype, causal):
     check_lse(lse, want_lse)
 
 
+def test_prefill_paged_wrapper_graph_buffers(rng):
+    """use_cuda_graph=True: the tables land in the fixed buffers, the first plan's query tokens
+    are the most a later plan may have, a run() override is refused; results as eager plans."""
+    hq, hkv, d, ps = 4, 2, 32, 8
+    bufs = dict(qo_indptr_buf=np.zeros(5, np.int32), paged_kv_indptr_buf=np.zeros(5, np.int32),
+                paged_kv_indices_buf=np.zeros(64, np.int32), paged_kv_last_page_len_buf=np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="use_cuda_graph=True needs paged_kv_indices_buf"):
+        fi.BatchPrefillWithPagedKVCacheWrapper(WORKSPACE, "NHD", use_cuda_graph=True,
+                                               **{k: b for k, b in bufs.items() if k != "paged_kv_indices_buf"})
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(WORKSPACE, "NHD", use_cuda_graph=True, **bufs)
+    assert w.is_cuda_graph_enabled
+    for qo_lens, kv_lens in (([5, 12, 3], [20, 12, 9]), ([1, 7], [30, 7])):
+        qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+        indptr, indices, last, num_pages = page_table(rng, kv_lens, ps)
+        k = cast(rand(rng, (num_pages, ps, hkv, d)), "f32")
+        v = cast(rand(rng, (num_pages, ps, hkv, d)), "f32")
+        q = cast(rand(rng, (qo_indptr[-1], hq, d)), "f32")
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type="float32")
+        assert np.array_equal(bufs["qo_indptr_buf"][:len(qo_indptr)], qo_indptr)
+        assert np.array_equal(bufs["paged_kv_indptr_buf"][:len(indptr)], indptr)
+        assert np.array_equal(bufs["paged_kv_indices_buf"][:len(indices)], indices)
+        assert np.array_equal(bufs["paged_kv_last_page_len_buf"][:len(last)], last)
+        out, lse = w.run(q, (k, v), return_lse=True)
+        ks = ref.gather_paged(f64(k), "NHD", indptr, indices, last, ps)
+        vs = ref.gather_paged(f64(v), "NHD", indptr, indices, last, ps)
+        want_o, want_lse, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs, ref.Var(causal=True))
+        check_output(out, want_o, mag, "f32")
+        check_lse(lse, want_lse)
+    with pytest.raises(NotImplementedError, match="v_scale"):
+        w.run(q, (k, v), v_scale=2.0)
+    qo_indptr = np.array([0, 30], np.int32)  # more query tokens than the first plan's 20
+    indptr, indices, last, _ = page_table(rng, [30], ps)
+    with pytest.raises(ValueError, match="qo_indptr: 30 query tokens, more than the 20"):
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type="float32")
+    indptr, indices, last, _ = page_table(rng, [9] * 5, ps)  # a batch past the buffers
+    with pytest.raises(ValueError, match="qo_indptr_buf holds 5 elements but the plan needs 6"):
+        w.plan(np.arange(6, dtype=np.int32), indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_prefill_ragged_wrapper_custom_mask(rng, packed):
     hq, hkv, dqk, dvo = 4, 4, 32, 16

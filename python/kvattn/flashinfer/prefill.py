@@ -6,9 +6,9 @@ from typing import Optional
 
 import kvattn as _kv
 from kvattn.flashinfer._common import (
-    _Planned, _WrapperBase, _check_backend, _check_layout, _check_ndim, _dtype_of, _is_cuda,
-    _kv_dtype_name, _pack_mask, _require_none, _single_workspace, _to_host, _to_nhd, _unsupported,
-    _variant, _workspace,
+    _Planned, _WrapperBase, _check_backend, _check_layout, _check_ndim, _copy_into, _dtype_of, _is_cuda,
+    _kv_dtype_name, _np, _pack_mask, _require_none, _single_workspace, _slice, _to_host, _to_nhd,
+    _unsupported, _variant, _workspace,
 )
 from kvattn.flashinfer.quantization import packbits
 
@@ -32,18 +32,54 @@ def _check_prefill_args(use_fp16_qk_reduction, token_pos_in_items_len, extra):
 
 class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
     """Prefill / append attention over a paged KV cache (FlashInfer's wrapper of the same name, on
-    kvattn.BatchPrefill). The causal mask is aligned bottom-right (query i at kv_len - qo_len + i)."""
+    kvattn.BatchPrefill). The causal mask is aligned bottom-right (query i at kv_len - qo_len + i).
+
+    use_cuda_graph=True needs qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf and
+    paged_kv_last_page_len_buf, sized for the largest batch: plan() copies the page table into them
+    (the kernels read the page ids from there at run and graph-replay time) and the first plan's
+    query tokens are the most any later plan may have (FlashInfer's rule). custom_mask_buf and
+    mask_indptr_buf, when given, receive the packed mask and its offsets (kvattn stages its own
+    copy in the workspace)."""
 
     def __init__(self, float_workspace_buffer, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  qo_indptr_buf=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
                  paged_kv_last_page_len_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
                  backend: str = "auto", jit_args=None) -> None:
         self._init_common(float_workspace_buffer, kv_layout, backend, jit_args)
+        self._use_cuda_graph = bool(use_cuda_graph)
         if use_cuda_graph:
-            _unsupported("use_cuda_graph", "graph-mode prefill from Python is not wired yet; "
-                         "kvattn.BatchPrefill with SchedulerOptions(cuda_graph=...) is")
-        self._use_cuda_graph = False
+            missing = [name for name, buf in (
+                ("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+                ("paged_kv_indices_buf", paged_kv_indices_buf),
+                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf)) if buf is None]
+            if missing:
+                raise ValueError("use_cuda_graph=True needs " + ", ".join(missing))
+        self._graph_bufs = dict(qo_indptr=qo_indptr_buf, paged_kv_indptr=paged_kv_indptr_buf,
+                                paged_kv_indices=paged_kv_indices_buf,
+                                paged_kv_last_page_len=paged_kv_last_page_len_buf,
+                                custom_mask=custom_mask_buf, mask_indptr=mask_indptr_buf)
+        self._graph_capacity = None  # set by the first graph-mode plan()
         self._native = self._make_native()
+
+    def _graph_tables(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+                      host_qo, host_indptr, gpu):
+        """Graph mode: the tables copied into the fixed buffers; returns the page ids the plan
+        reads (the buffer's first nnz) and the scheduler's capacity."""
+        b = self._graph_bufs
+        max_batch = len(b["qo_indptr"]) - 1
+        tokens = int(_np(host_qo)[-1])
+        if self._graph_capacity is None:
+            self._graph_capacity = _kv.GraphCapacity(max_batch=max_batch, max_tokens=max(tokens, 1))
+        elif tokens > self._graph_capacity.max_tokens:
+            raise ValueError(f"qo_indptr: {tokens} query tokens, more than the {self._graph_capacity.max_tokens} "
+                             "of the first plan() in CUDA-graph mode (FlashInfer's rule: the first plan "
+                             "sets the most)")
+        _copy_into(b["qo_indptr"], qo_indptr, "qo_indptr_buf")
+        _copy_into(b["paged_kv_indptr"], paged_kv_indptr, "paged_kv_indptr_buf")
+        _copy_into(b["paged_kv_last_page_len"], paged_kv_last_page_len, "paged_kv_last_page_len_buf")
+        nnz = int(_np(host_indptr)[-1])
+        page_ids = _copy_into(b["paged_kv_indices"], _slice(paged_kv_indices, nnz), "paged_kv_indices_buf")
+        return (page_ids if gpu else _to_host(page_ids)), self._graph_capacity
 
     def _make_native(self):
         return _kv.BatchPrefill(_workspace(self._float_workspace_buffer), self._kv_layout)
@@ -73,10 +109,20 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         host_indptr = _to_host(paged_kv_indptr)
         host_last = _to_host(paged_kv_last_page_len)
         gpu = _is_cuda(self._float_workspace_buffer)
-        page_ids = paged_kv_indices if gpu else _to_host(paged_kv_indices)
+        graph = None
+        if self._use_cuda_graph:
+            page_ids, graph = self._graph_tables(qo_indptr, paged_kv_indptr, paged_kv_indices,
+                                                 paged_kv_last_page_len, host_qo, host_indptr, gpu)
+        else:
+            page_ids = paged_kv_indices if gpu else _to_host(paged_kv_indices)
         mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, host_qo,
                                        (host_indptr, page_ids, host_last), paged=True,
                                        page_size=int(page_size))
+        if self._use_cuda_graph and mask is not None:
+            if self._graph_bufs["custom_mask"] is not None:
+                _copy_into(self._graph_bufs["custom_mask"], mask, "custom_mask_buf")
+            if self._graph_bufs["mask_indptr"] is not None:
+                _copy_into(self._graph_bufs["mask_indptr"], mask_indptr, "mask_indptr_buf")
         variant_kwargs = dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
                               window_left=window_left, logits_soft_cap=logits_soft_cap,
                               sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
@@ -86,6 +132,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
                              num_qo_heads=int(num_qo_heads), num_kv_heads=int(num_kv_heads),
                              head_dim_qk=int(head_dim_qk), head_dim_vo=int(head_dim_vo or 0),
                              q_dtype=q_name, kv_dtype=kv_name, o_dtype=q_name)
+        if graph is not None:
+            native_kwargs["scheduler"] = _kv.SchedulerOptions(cuda_graph=graph)
         v = _variant(**variant_kwargs)
         if mask is not None:
             v = v.with_custom_mask()
@@ -100,6 +148,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         custom = p.variant_kwargs.get("_custom_mask", False)
         vk = {k: val for k, val in p.variant_kwargs.items() if k != "_custom_mask"}
         changed = any(val is not None and vk.get(k) != val for k, val in overrides.items())
+        if changed and self._use_cuda_graph:
+            _unsupported(", ".join(k for k, v in overrides.items() if v is not None),
+                         "a run() override differing from plan() in CUDA-graph mode; pass it to plan()")
         if changed:
             vk.update({k: val for k, val in overrides.items() if val is not None})
             v = _variant(**vk)
