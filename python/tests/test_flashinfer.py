@@ -181,6 +181,42 @@ def test_prefill_paged_wrapper_graph_buffers(rng):
         w.plan(np.arange(6, dtype=np.int32), indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
 
 
+def test_prefill_ragged_wrapper_graph_buffers(rng):
+    """The ragged wrapper in graph mode: indptrs copied into the buffers, with a custom mask (its
+    packed bits into custom_mask_buf); the first plan's query tokens bound the later ones."""
+    hq, hkv, d = 4, 2, 16
+    bufs = dict(qo_indptr_buf=np.zeros(4, np.int32), kv_indptr_buf=np.zeros(4, np.int32),
+                custom_mask_buf=np.zeros(64, np.uint8), mask_indptr_buf=np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="use_cuda_graph=True needs kv_indptr_buf"):
+        fi.BatchPrefillWithRaggedKVCacheWrapper(WORKSPACE, use_cuda_graph=True, qo_indptr_buf=bufs["qo_indptr_buf"])
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(WORKSPACE, use_cuda_graph=True, **bufs)
+    for qo_lens, kv_lens in (([3, 6], [7, 6]), ([8, 1], [8, 20])):
+        qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+        kv_indptr = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
+        masks = [rng.random((a, b)) < 0.5 for a, b in zip(qo_lens, kv_lens)]
+        q = cast(rand(rng, (qo_indptr[-1], hq, d)), "f32")
+        k = cast(rand(rng, (kv_indptr[-1], hkv, d)), "f32")
+        v = cast(rand(rng, (kv_indptr[-1], hkv, d)), "f32")
+        w.plan(qo_indptr, kv_indptr, hq, hkv, d, custom_mask=np.concatenate([m.ravel() for m in masks]),
+               q_data_type="float32")
+        assert np.array_equal(bufs["qo_indptr_buf"][:3], qo_indptr)
+        assert np.array_equal(bufs["kv_indptr_buf"][:3], kv_indptr)
+        bit_indptr = np.concatenate([[0], np.cumsum([m.size for m in masks])])
+        packed, packed_indptr = fi.segment_packbits(np.concatenate([m.ravel() for m in masks]), bit_indptr,
+                                                    bitorder="little")
+        assert np.array_equal(bufs["custom_mask_buf"][:len(packed)], packed)
+        assert np.array_equal(bufs["mask_indptr_buf"][:len(packed_indptr)], packed_indptr)
+        out, lse = w.run(q, k, v, return_lse=True)
+        ks = [f64(k)[kv_indptr[b]:kv_indptr[b + 1]] for b in range(2)]
+        vs = [f64(v)[kv_indptr[b]:kv_indptr[b + 1]] for b in range(2)]
+        want_o, want_lse, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs,
+                                                    ref.Var(mask=lambda b, i, j: bool(masks[b][i, j])))
+        check_output(out, want_o, mag, "f32")
+        check_lse(lse, want_lse)
+    with pytest.raises(ValueError, match="qo_indptr: 10 query tokens, more than the 9"):
+        w.plan(np.array([0, 10], np.int32), np.array([0, 10], np.int32), hq, hkv, d, q_data_type="float32")
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_prefill_ragged_wrapper_custom_mask(rng, packed):
     hq, hkv, dqk, dvo = 4, 4, 32, 16

@@ -30,6 +30,37 @@ def _check_prefill_args(use_fp16_qk_reduction, token_pos_in_items_len, extra):
             _unsupported(name, _PREFILL_UNSUPPORTED[name])
 
 
+def _graph_buffers(names_and_bufs):
+    """use_cuda_graph=True: the buffers FlashInfer requires, each given."""
+    missing = [name for name, buf in names_and_bufs if buf is None]
+    if missing:
+        raise ValueError("use_cuda_graph=True needs " + ", ".join(missing))
+
+
+def _graph_capacity(wrapper, host_qo, max_batch):
+    """The scheduler's CUDA-graph capacity: set by the first graph-mode plan() (its query tokens
+    are the most a later plan may have, FlashInfer's rule), checked at the later ones."""
+    tokens = int(_np(host_qo)[-1])
+    if wrapper._graph_capacity is None:
+        wrapper._graph_capacity = _kv.GraphCapacity(max_batch=max_batch, max_tokens=max(tokens, 1))
+    elif tokens > wrapper._graph_capacity.max_tokens:
+        raise ValueError(f"qo_indptr: {tokens} query tokens, more than the "
+                         f"{wrapper._graph_capacity.max_tokens} of the first plan() in CUDA-graph mode "
+                         "(FlashInfer's rule: the first plan sets the most)")
+    return wrapper._graph_capacity
+
+
+def _copy_mask(bufs, mask, mask_indptr):
+    """Graph mode: the packed mask and its offsets into custom_mask_buf / mask_indptr_buf, when
+    given (kvattn stages its own copy in the workspace)."""
+    if mask is None:
+        return
+    if bufs["custom_mask"] is not None:
+        _copy_into(bufs["custom_mask"], mask, "custom_mask_buf")
+    if bufs["mask_indptr"] is not None:
+        _copy_into(bufs["mask_indptr"], mask_indptr, "mask_indptr_buf")
+
+
 class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
     """Prefill / append attention over a paged KV cache (FlashInfer's wrapper of the same name, on
     kvattn.BatchPrefill). The causal mask is aligned bottom-right (query i at kv_len - qo_len + i).
@@ -48,12 +79,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         self._init_common(float_workspace_buffer, kv_layout, backend, jit_args)
         self._use_cuda_graph = bool(use_cuda_graph)
         if use_cuda_graph:
-            missing = [name for name, buf in (
-                ("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf),
-                ("paged_kv_indices_buf", paged_kv_indices_buf),
-                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf)) if buf is None]
-            if missing:
-                raise ValueError("use_cuda_graph=True needs " + ", ".join(missing))
+            _graph_buffers([("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+                            ("paged_kv_indices_buf", paged_kv_indices_buf),
+                            ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf)])
         self._graph_bufs = dict(qo_indptr=qo_indptr_buf, paged_kv_indptr=paged_kv_indptr_buf,
                                 paged_kv_indices=paged_kv_indices_buf,
                                 paged_kv_last_page_len=paged_kv_last_page_len_buf,
@@ -66,20 +94,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         """Graph mode: the tables copied into the fixed buffers; returns the page ids the plan
         reads (the buffer's first nnz) and the scheduler's capacity."""
         b = self._graph_bufs
-        max_batch = len(b["qo_indptr"]) - 1
-        tokens = int(_np(host_qo)[-1])
-        if self._graph_capacity is None:
-            self._graph_capacity = _kv.GraphCapacity(max_batch=max_batch, max_tokens=max(tokens, 1))
-        elif tokens > self._graph_capacity.max_tokens:
-            raise ValueError(f"qo_indptr: {tokens} query tokens, more than the {self._graph_capacity.max_tokens} "
-                             "of the first plan() in CUDA-graph mode (FlashInfer's rule: the first plan "
-                             "sets the most)")
+        capacity = _graph_capacity(self, host_qo, len(b["qo_indptr"]) - 1)
         _copy_into(b["qo_indptr"], qo_indptr, "qo_indptr_buf")
         _copy_into(b["paged_kv_indptr"], paged_kv_indptr, "paged_kv_indptr_buf")
         _copy_into(b["paged_kv_last_page_len"], paged_kv_last_page_len, "paged_kv_last_page_len_buf")
         nnz = int(_np(host_indptr)[-1])
         page_ids = _copy_into(b["paged_kv_indices"], _slice(paged_kv_indices, nnz), "paged_kv_indices_buf")
-        return (page_ids if gpu else _to_host(page_ids)), self._graph_capacity
+        return (page_ids if gpu else _to_host(page_ids)), capacity
 
     def _make_native(self):
         return _kv.BatchPrefill(_workspace(self._float_workspace_buffer), self._kv_layout)
@@ -118,11 +139,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, host_qo,
                                        (host_indptr, page_ids, host_last), paged=True,
                                        page_size=int(page_size))
-        if self._use_cuda_graph and mask is not None:
-            if self._graph_bufs["custom_mask"] is not None:
-                _copy_into(self._graph_bufs["custom_mask"], mask, "custom_mask_buf")
-            if self._graph_bufs["mask_indptr"] is not None:
-                _copy_into(self._graph_bufs["mask_indptr"], mask_indptr, "mask_indptr_buf")
+        if self._use_cuda_graph:
+            _copy_mask(self._graph_bufs, mask, mask_indptr)
         variant_kwargs = dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
                               window_left=window_left, logits_soft_cap=logits_soft_cap,
                               sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
@@ -183,7 +201,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
 
 class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
     """Prefill attention over ragged K/V ([nnz_kv, num_kv_heads, head_dim], NHD) for a batch
-    (FlashInfer's wrapper of the same name, on kvattn.BatchPrefill)."""
+    (FlashInfer's wrapper of the same name, on kvattn.BatchPrefill). use_cuda_graph=True needs
+    qo_indptr_buf and kv_indptr_buf (plan() copies the indptrs into them; the first plan's query
+    tokens are the most a later plan may have), as the paged wrapper; a captured run() reads the
+    K/V tensors it was captured with."""
 
     def __init__(self, float_workspace_buffer, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  qo_indptr_buf=None, kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
@@ -192,9 +213,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         if kv_layout != "NHD":
             _unsupported("kv_layout", f"{kv_layout!r} for ragged K/V; kvattn takes NHD "
                          "([nnz, heads, dim])")
+        self._use_cuda_graph = bool(use_cuda_graph)
         if use_cuda_graph:
-            _unsupported("use_cuda_graph", "graph-mode prefill from Python is not wired yet")
-        self._use_cuda_graph = False
+            _graph_buffers([("qo_indptr_buf", qo_indptr_buf), ("kv_indptr_buf", kv_indptr_buf)])
+        self._graph_bufs = dict(qo_indptr=qo_indptr_buf, kv_indptr=kv_indptr_buf,
+                                custom_mask=custom_mask_buf, mask_indptr=mask_indptr_buf)
+        self._graph_capacity = None  # set by the first graph-mode plan()
         self._native = self._make_native()
 
     def _make_native(self):
@@ -219,6 +243,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         host_qo = _to_host(qo_indptr)
         host_kv = _to_host(kv_indptr)
         mask, mask_indptr = _pack_mask(custom_mask, packed_custom_mask, host_qo, host_kv)
+        graph = None
+        if self._use_cuda_graph:
+            b = self._graph_bufs
+            graph = _graph_capacity(self, host_qo, len(b["qo_indptr"]) - 1)
+            _copy_into(b["qo_indptr"], qo_indptr, "qo_indptr_buf")
+            _copy_into(b["kv_indptr"], kv_indptr, "kv_indptr_buf")
+            _copy_mask(b, mask, mask_indptr)
         variant_kwargs = dict(causal=causal, pos_encoding_mode=pos_encoding_mode,
                               window_left=window_left, logits_soft_cap=logits_soft_cap,
                               sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
@@ -228,6 +259,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
                              num_kv_heads=int(num_kv_heads), head_dim_qk=int(head_dim_qk),
                              head_dim_vo=int(head_dim_vo or 0), q_dtype=q_name, kv_dtype=kv_name,
                              o_dtype=q_name)
+        if graph is not None:
+            native_kwargs["scheduler"] = _kv.SchedulerOptions(cuda_graph=graph)
         v = _variant(**variant_kwargs)
         if mask is not None:
             v = v.with_custom_mask()
