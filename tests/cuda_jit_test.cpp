@@ -4,9 +4,6 @@
 #if KVATTN_WITH_CUDA
 
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -26,12 +23,12 @@
 #include "cuda/runtime.h"
 #include "core/sha256.h"
 #include "kvattn/error.h"
+#include "support/child_process.h"
 #include "support/dtype_codec.h"
 #include "support/expect_error.h"
 #include "support/kernel_choice.h"
 #include "support/scoped_override.h"
 
-extern char** environ;
 
 namespace {
 namespace fs = std::filesystem;
@@ -40,15 +37,8 @@ using kvattn::detail::sha256_hex;
 using kvattn::DType;
 
 // A fresh, empty cache directory per test, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("kvattn-jit-test-" + std::to_string(getpid()) + "-" +
-                                        std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : kvattn_test::TempDir {
+  TempDir() : kvattn_test::TempDir("kvattn-jit-test") {}
 };
 
 // A tiny kernel: fast to compile, so cache tests stay quick.
@@ -334,22 +324,8 @@ TEST(CudaJitProcessChild, CompileIntoSharedDir) {
 
 TEST(CudaJitCache, TwoProcessesShareOneDirectory) {
   TempDir dir;
-  std::string env = "KVATTN_JIT_TEST_CHILD_DIR=" + dir.path.string();
-  std::vector<char*> envp;
-  for (char** e = environ; *e; ++e) envp.push_back(*e);
-  envp.push_back(env.data());
-  envp.push_back(nullptr);
-  std::string exe = fs::read_symlink("/proc/self/exe");
-  std::string filter = "--gtest_filter=CudaJitProcessChild.CompileIntoSharedDir";
-  std::string brief = "--gtest_brief=1";
-  char* argv[] = {exe.data(), filter.data(), brief.data(), nullptr};
-  pid_t pids[2];
-  for (pid_t& pid : pids) ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-  for (pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-  }
+  kvattn_test::run_copies_of_this_binary(2, "CudaJitProcessChild.CompileIntoSharedDir",
+                                         "KVATTN_JIT_TEST_CHILD_DIR=" + dir.path.string());
   ASSERT_EQ(files_in(dir.path).size(), 1u);
   CubinLookup r = KernelCache(dir.path).cubin(small_spec("sm_90a"));
   EXPECT_EQ(r.source, CacheSource::disk);

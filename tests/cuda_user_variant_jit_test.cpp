@@ -5,14 +5,10 @@
 // and sm_80; a failing user source is reported at its own lines; names and keys follow the source.
 #if KVATTN_WITH_CUDA
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -21,11 +17,11 @@
 #include "cuda/prefill_kernels.h"
 #include "kernels/variants/params.cuh"
 #include "kvattn/error.h"
+#include "support/child_process.h"
 #include "support/expect_error.h"
 #include "support/kernel_choice.h"
 #include "support/variant_examples.h"
 
-extern char** environ;
 
 namespace kvattn_test {
 namespace {
@@ -254,24 +250,9 @@ TEST(CudaUserVariantChild, CompileIntoSharedDir) {
 // cache entry (the JIT's atomic install; the CPU's shared objects: custom_variant_test.cpp).
 TEST(CudaUserVariant, TwoProcessesCompilingOneVariantShareOneEntry) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("kvattn-user-variant-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()));
-  fs::create_directories(dir);
-  std::string env = "KVATTN_USER_VARIANT_CHILD_DIR=" + dir.string();
-  std::vector<char*> envp;
-  for (char** e = environ; *e; ++e) envp.push_back(*e);
-  envp.push_back(env.data());
-  envp.push_back(nullptr);
-  std::string exe = fs::read_symlink("/proc/self/exe");
-  std::string filter = "--gtest_filter=CudaUserVariantChild.CompileIntoSharedDir";
-  char* argv[] = {exe.data(), filter.data(), nullptr};
-  pid_t pids[2];
-  for (pid_t& pid : pids) ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()), 0);
-  for (pid_t pid : pids) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-  }
+  const TempDir tmp("kvattn-user-variant");
+  const fs::path& dir = tmp.path;
+  run_copies_of_this_binary(2, "CudaUserVariantChild.CompileIntoSharedDir", "KVATTN_USER_VARIANT_CHILD_DIR=" + dir.string());
   size_t entries = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir)) entries += e.is_regular_file();
   EXPECT_EQ(entries, 1u);
@@ -279,7 +260,6 @@ TEST(CudaUserVariant, TwoProcessesCompilingOneVariantShareOneEntry) {
   const CubinLookup r = KernelCache(dir).cubin(decode_merge_spec(c, "sm_90a"));
   EXPECT_EQ(r.source, CacheSource::disk);
   EXPECT_TRUE(is_elf(*r.cubin));
-  fs::remove_all(dir);
 }
 }  // namespace
 }  // namespace kvattn_test

@@ -49,6 +49,26 @@ def check_gpu(out, want, mag, dtype, what="out"):
     check_output(host(out), want, mag, dtype, GPU_ACCUMULATION[dtype], what)
 
 
+def capture_and_replay(run, out, check_first, replans):
+    """run() once (its kernels compile), captured in a CUDA graph, replayed and checked
+    (check_first()); then for each replan (a callable that re-plans and returns the check of its
+    result) the graph is replayed into a NaN-filled out and checked."""
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    check_first()
+    for replan in replans:
+        check = replan()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check()
+
+
 @pytest.fixture
 def workspace():
     return torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -122,22 +142,13 @@ def test_decode_wrapper_cuda_graph_replays_after_replans(rng, workspace):
         want, _, mag = ref.batch_attention(f64(q), np.arange(batch + 1), ks, vs, ref.Var(soft_cap=30.0))
         check_gpu(out, want, mag, "bf16")
 
-    lens = [100] * batch
-    table = plan(lens)
-    w.run(qc, (kc, vc), out=out)  # compiles before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(qc, (kc, vc), out=out)
-    graph.replay()
-    torch.cuda.synchronize()
-    check(lens, table)
-    for lens in ([3000, 1, 64, 700, 2, 4000], [17, 5000, 9, 1, 300, 1200]):
+    def replan(lens):
         table = plan(lens)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(lens, table)
+        return lambda: check(lens, table)
+
+    capture_and_replay(lambda: w.run(qc, (kc, vc), out=out), out, replan([100] * batch),
+                       [lambda lens=lens: replan(lens)
+                        for lens in ([3000, 1, 64, 700, 2, 4000], [17, 5000, 9, 1, 300, 1200])])
 
 
 def test_prefill_wrapper_cuda_graph_replays_after_replans(rng, workspace):
@@ -171,21 +182,13 @@ def test_prefill_wrapper_cuda_graph_replays_after_replans(rng, workspace):
         want, _, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs, ref.Var(causal=True))
         check_gpu(out, want, mag, "bf16")
 
-    planned = plan([300, 100, 28], [700, 100, 2000])
-    w.run(qc, (kc, vc), out=out)  # compiles before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(qc, (kc, vc), out=out)
-    graph.replay()
-    torch.cuda.synchronize()
-    check(planned)
-    for qo_lens, kv_lens in (([28, 300, 100], [28, 5000, 900]), ([1, 1, 426], [3000, 64, 426])):
+    def replan(qo_lens, kv_lens):
         planned = plan(qo_lens, kv_lens)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(planned)
+        return lambda: check(planned)
+
+    capture_and_replay(lambda: w.run(qc, (kc, vc), out=out), out, replan([300, 100, 28], [700, 100, 2000]),
+                       [lambda a=a, b=b: replan(a, b)
+                        for a, b in (([28, 300, 100], [28, 5000, 900]), ([1, 1, 426], [3000, 64, 426]))])
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -407,18 +410,10 @@ def test_user_variant_decode_cuda_graph_replays_after_replans(rng, workspace):
         check_gpu(out, want_o, mag, "bf16")
         check_lse(host(lse), want_lse)
 
-    table = plan([100] * batch)
-    dec.run(qc, (kc, vc), out=out, lse=lse)  # compiles before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dec.run(qc, (kc, vc), out=out, lse=lse)
-    graph.replay()
-    torch.cuda.synchronize()
-    check(table)
-    for lens in ([3000, 1, 64, 700, 0, 4000], [17, 5000, 9, 1, 300, 1200]):
+    def replan(lens):
         table = plan(lens)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(table)
+        return lambda: check(table)
+
+    capture_and_replay(lambda: dec.run(qc, (kc, vc), out=out, lse=lse), out, replan([100] * batch),
+                       [lambda lens=lens: replan(lens)
+                        for lens in ([3000, 1, 64, 700, 0, 4000], [17, 5000, 9, 1, 300, 1200])])
