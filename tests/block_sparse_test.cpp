@@ -113,9 +113,8 @@ TEST(BlockSparse, Variants) {
 // What BlockSparseAttention on the GPU runs (cuda/attention_backend.cpp): a paged prefill where block
 // row r is a request of R queries whose pages are its column blocks, C tokens each (last page
 // full), over k and v viewed as [N / C, C, Hkv, D]. For variants that do not read positions it is
-// the same attention: checked here on the CPU backend, bit for bit, one block row at a time (a
-// BatchPrefill request needs qo_len <= kv_len, so every non-empty row gets at least R keys; the
-// empty rows, which BatchPrefill cannot express, must come out as zeros with lse -inf). Neither side
+// the same attention: checked here on the CPU backend, bit for bit, one block row at a time (rows
+// with at least one block; the empty rows must come out as zeros with lse -inf). Neither side
 // splits KV, so each row's sums run in the same order whatever the batch.
 TEST(BlockSparse, IsAPagedPrefillOfColumnBlocks) {
   const std::array<int64_t, 4> shapes[] = {{12, 30, 3, 5}, {32, 64, 16, 1}, {8, 128, 1, 16}, {16, 0, 4, 4}};

@@ -337,13 +337,14 @@ TEST(GpuPrefill, SplitSchedulesMatch) {
     }
 }
 
-// (qo_len, kv_len) with empty requests; a request with queries but no keys is an error
-// (qo_len <= kv_len, Hardening.QueriesLongerThanKeysAreErrors).
+// (qo_len, kv_len) with empty requests, and requests with more queries than keys (FlashInfer takes
+// them; under causal the first qo_len - kv_len rows see no key: o = 0, lse = -inf).
 TEST(GpuPrefill, EmptyRequestsAndBatches) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::vector<std::pair<int64_t, int64_t>>> batches = {
       {}, {{0, 0}}, {{0, 0}, {1, 1}, {0, 5}, {0, 0}}, {{1, 1}, {2, 2}, {0, 0}},
-      {{0, 7}, {3, 3}, {0, 0}, {16, 16}}, {{2, 4}, {0, 3}}};
+      {{0, 7}, {3, 3}, {0, 0}, {16, 16}}, {{2, 4}, {0, 3}}, {{5, 2}, {3, 0}, {17, 16}, {40, 9}},
+      {{7, 1}, {2, 5}, {200, 130}, {129, 0}}};
   for (const auto& lens : batches)
     for (KVStore store : kStores)
       for (bool causal : {false, true}) {
@@ -398,6 +399,40 @@ TEST(GpuPrefill, MisalignedKVIsAnError) {
   c.strided = true;  // pads K/V rows by 1..3 elements: not 16-byte multiples
   c.expect_error = "the GPU prefill kernels copy 16-byte pieces of each row";
   run_prefill_case(c, rng);
+}
+
+// A workspace too small for a split plan's partial states (FlashInfer's tests give a cascade 32 MiB
+// for all its levels) gets the unsplit plan, and the same attention; decode as well.
+TEST(GpuPrefill, SmallWorkspaceGetsTheUnsplitPlan) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  HostTensor tq = int32_tensor({0, 128}), tk = int32_tensor({0, 16384});
+  kvattn::BatchPrefillPlan p;
+  p.num_qo_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim_qk = 128;
+  p.q_dtype = DType::bf16;
+  p.qo_indptr = tq.view();
+  p.kv_indptr = tk.view();
+  DeviceBytes big(int64_t(256) << 20), small(int64_t(2) << 20);
+  kvattn::BatchPrefill split(big.view()), unsplit(small.view());
+  split.plan(p);
+  ASSERT_GT(split.schedule()->num_merges(), 0) << "the case no longer splits: pick a longer one";
+  unsplit.plan(p);
+  EXPECT_EQ(unsplit.schedule()->num_merges(), 0);
+  for (bool causal : {false, true}) {
+    KVATTN_CASE_RNG(rng);
+    AttnCase c = gpu_case(DType::bf16);
+    c.lens = {{128, 16384}};
+    c.num_qo_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim_qk = 128;
+    c.variant.causal = causal;
+    c.store = KVStore::ragged;
+    c.workspace_bytes = int64_t(2) << 20;
+    run_prefill_case(c, rng);
+  }
+#endif
 }
 
 // A plan() that fails (a batch too big for the workspace) changes nothing: schedule() still

@@ -180,8 +180,10 @@ TEST(Hardening, RequestWorkMatchesTheTileLoop) {
   }
 }
 
-// ---- qo_len <= kv_len ----------------------------------------------------------------------------
-TEST(Hardening, QueriesLongerThanKeysAreErrors) {
+// ---- qo_len > kv_len ----------------------------------------------------------------------------
+// Planned, as FlashInfer plans them (Prefill.EmptyRequestsAndBatches checks the results); the
+// cascade's last level still refuses them (CascadeAttention tests).
+TEST(Hardening, QueriesLongerThanKeysArePlanned) {
   HostTensor qo = int32_tensor({0, 2, 7}), kv = int32_tensor({0, 4, 9});
   kvattn::BatchPrefillPlan p;
   p.num_qo_heads = 4;
@@ -193,7 +195,7 @@ TEST(Hardening, QueriesLongerThanKeysAreErrors) {
   EXPECT_NO_THROW(ragged.plan(p));  // qo_len = kv_len = 5: a full prefill
   HostTensor qo_bad = int32_tensor({0, 2, 8});
   p.qo_indptr = qo_bad.view();
-  EXPECT_KVATTN_ERROR(ragged.plan(p), "request 1 has qo_len = 6 > kv_len = 5");
+  EXPECT_NO_THROW(ragged.plan(p));
   // Paged: request 0 has 17 tokens (two pages of 16, the last holding 1).
   HostTensor indptr = int32_tensor({0, 2}), indices = int32_tensor({3, 1}), last = int32_tensor({1}),
              qo_paged = int32_tensor({0, 18});
@@ -205,7 +207,7 @@ TEST(Hardening, QueriesLongerThanKeysAreErrors) {
   pp.page_table = kvattn::PageTable{indptr.view(), indices.view(), last.view()};
   pp.page_size = 16;
   kvattn::BatchPrefill paged;
-  EXPECT_KVATTN_ERROR(paged.plan(pp), "request 0 has qo_len = 18 > kv_len = 17");
+  EXPECT_NO_THROW(paged.plan(pp));
 }
 
 // ---- BSR sizes -----------------------------------------------------------------------------------

@@ -146,7 +146,9 @@ TEST(Prefill, EmptyRequestsAndBatches) {
       {},                                        // empty batch
       {{0, 0}},                                  // one request with nothing
       {{0, 0}, {1, 1}, {0, 5}, {0, 0}},          // no queries, or no keys
-      {{1, 1}, {2, 2}, {0, 3}},                  // (qo_len > kv_len is an error: ValidationPlan.QoLongerThanKv)
+      {{1, 1}, {2, 2}, {0, 3}},
+      {{5, 2}, {3, 0}, {17, 16}, {40, 9}},       // more queries than keys (causal: the first rows see none)
+      {{7, 1}, {2, 5}, {33, 12}},
       {{0, 7}, {3, 3}, {0, 0}, {16, 16}}};
   for (const auto& lens : batches)
     for (KVStore store : kStores) {

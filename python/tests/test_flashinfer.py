@@ -35,11 +35,13 @@ def test_signatures_follow_flashinfer():
 # Where FlashInfer 0.3.1 defines each name (flashinfer/<module>.py), for code that imports it from
 # there (`from flashinfer.cascade import merge_state`, `flashinfer.sparse.BlockSparseAttentionWrapper`).
 FLASHINFER_MODULES = {
-    "decode": ["BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"],
+    "decode": ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+               "single_decode_with_kv_cache"],
     "prefill": ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"],
     "sparse": ["BlockSparseAttentionWrapper"],
-    "cascade": ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"],
+    "cascade": ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper",
+                "BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"],
     "page": ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"],
     "quantization": ["packbits", "segment_packbits"],
     "rope": ["apply_rope", "apply_rope_inplace", "apply_rope_pos_ids", "apply_rope_pos_ids_inplace",
@@ -108,11 +110,18 @@ def test_decode_wrapper_scales_and_graph_buffers(rng):
     vs = ref.gather_paged(f64(v), "NHD", indptr, indices, last, ps)
     want_o, _, mag = ref.batch_attention(f64(q), [0, 1, 2], ks, vs, ref.Var())
     check_output(out, want_o, mag, "f32")
+    # FlashInfer's older graph-mode class: the same wrapper, the buffers positional.
+    bufs2 = tuple(np.zeros_like(b) for b in bufs)
+    old = fi.decode.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(WORKSPACE, *bufs2, "NHD")
+    assert old.is_cuda_graph_enabled and isinstance(old, fi.BatchDecodeWithPagedKVCacheWrapper)
+    old.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    assert np.array_equal(bufs2[1][:len(indices)], indices)
+    assert np.array_equal(old.run(q, (k, v)), out)
     # Scales at run(): in graph mode they must come with plan().
     with pytest.raises(NotImplementedError, match="k_scale"):
         w.run(q, (k, v), k_scale=0.5)
     e = fi.BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
-    e.plan(indptr, indices, last, hq, hkv, d, ps, data_type="float32")
+    e.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", data_type="float32")
     out, lse = e.run(q, (k, v), q_scale=2.0, k_scale=0.5, v_scale=3.0, return_lse=True)
     want_o, want_lse, mag = ref.batch_attention(f64(q), [0, 1, 2], ks, vs,
                                                 ref.Var(q_scale=2.0, k_scale=0.5, v_scale=3.0))
@@ -305,3 +314,34 @@ def test_ops(rng):
                              kv, np.array([2], np.int32), np.array([0, 1], np.int32),
                              np.array([2], np.int32))
     assert np.array_equal(kv[2, 0, :2], ak) and np.array_equal(kv[2, 1, :2], ak * 2)
+
+
+def test_deprecated_forward_replaces_the_plans_variant(rng):
+    """FlashInfer's forward()/forward_return_lse() overwrite plan()'s variant arguments, defaults
+    included; a workspace of another dtype (FlashInfer's tests pass int8) is used as bytes."""
+    hq, hkv, d, ps = 4, 2, 16, 4
+    qo_lens, kv_lens = [3, 5], [9, 5]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    indptr, indices, last, num_pages = page_table(rng, kv_lens, ps)
+    k = cast(rand(rng, (num_pages, ps, hkv, d)), "f32")
+    v = cast(rand(rng, (num_pages, ps, hkv, d)), "f32")
+    q = cast(rand(rng, (int(qo_indptr[-1]), hq, d)), "f32")
+    ks = ref.gather_paged(f64(k), "NHD", indptr, indices, last, ps)
+    vs = ref.gather_paged(f64(v), "NHD", indptr, indices, last, ps)
+    w = fi.BatchPrefillWithPagedKVCacheWrapper(np.zeros(1 << 20, np.int8), "NHD")
+    w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=False, q_data_type="float32")
+    for causal, cap in [(True, None), (False, 2.0), (True, None)]:
+        out, lse = w.forward_return_lse(q, (k, v), causal=causal, logits_soft_cap=cap)
+        want_o, want_lse, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs, ref.Var(causal=causal, soft_cap=cap or 0.0))
+        check_output(out, want_o, mag, "f32")
+        check_lse(lse, want_lse)
+    # run() keeps what the last forward() planned.
+    want_o, _, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs, ref.Var(causal=True))
+    check_output(w.run(q, (k, v)), want_o, mag, "f32")
+    with pytest.raises(NotImplementedError, match="'use_fp16_qk_reduction'"):
+        w.forward(q, (k, v), use_fp16_qk_reduction=True)
+    dec = fi.BatchDecodeWithPagedKVCacheWrapper(np.zeros(1 << 20, np.int8))
+    dec.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", logits_soft_cap=3.0)
+    out = dec.forward(q[:2], (k, v))  # forward's logits_soft_cap = None: no cap
+    want_o, _, mag = ref.batch_attention(f64(q[:2]), [0, 1, 2], ks, vs, ref.Var())
+    check_output(out, want_o, mag, "f32")

@@ -147,6 +147,35 @@ def test_single_prefill(rng, dtype, layout, case):
     check_output(out2, want_o, mag, "f32")
 
 
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["plain", "causal", "rope_alibi_window"])
+def test_single_prefill_more_queries_than_keys(rng, dtype, case):
+    """qo_len > kv_len, as FlashInfer takes it: query i at kv_len - qo_len + i (negative for the
+    first rows), so under causal the first qo_len - kv_len rows see no key (o = 0, lse = -inf)."""
+    hq, hkv, d, qo, kv = 4, 2, 32, 21, 6
+    q = cast(rand(rng, (qo, hq, d)), dtype)
+    k, k_nhd = _kv(rng, kv, hkv, d, dtype, "NHD")
+    v, v_nhd = _kv(rng, kv, hkv, d, dtype, "NHD")
+    kw, var = {}, ref.Var()
+    if case == "causal":
+        kw, var = dict(causal=True), ref.Var(causal=True)
+    elif case == "rope_alibi_window":
+        kw = dict(pos_encoding_mode="ROPE_LLAMA", window_left=4)
+        var = ref.Var(window_left=4, rope=dict(theta=1e4, scale=1.0))
+    out, lse = fi.single_prefill_with_kv_cache(q, k, v, return_lse=True, **kw)
+    want_o, want_lse, mag = ref.batch_attention(f64(q), [0, qo], [f64(k_nhd)], [f64(v_nhd)], var)
+    check_output(out, want_o, mag, dtype)
+    check_lse(lse, want_lse)
+    if case == "causal":
+        assert np.all(np.isneginf(lse[:qo - kv])) and not np.any(f64(out[:qo - kv]))
+        kw_alibi = dict(pos_encoding_mode="ALIBI", causal=True)
+        out, lse = fi.single_prefill_with_kv_cache(q, k, v, return_lse=True, **kw_alibi)
+        want_o, want_lse, mag = ref.batch_attention(f64(q), [0, qo], [f64(k_nhd)], [f64(v_nhd)],
+                                                    ref.Var(causal=True, alibi=True))
+        check_output(out, want_o, mag, dtype)
+        check_lse(lse, want_lse)
+
 def test_single_errors(rng):
     q2, q3 = np.zeros((4, 16), np.float32), np.zeros((3, 4, 16), np.float32)
     k = np.zeros((5, 2, 16), np.float32)
@@ -162,8 +191,6 @@ def test_single_errors(rng):
         fi.single_decode_with_kv_cache(q2, k, k, kv_layout="XYZ")
     with pytest.raises(NotImplementedError, match=r"'pos_encoding_mode'"):
         fi.single_decode_with_kv_cache(q2, k, k, pos_encoding_mode="ROPE_FOO")
-    with pytest.raises(kvattn.Error, match=r"request 0 has qo_len = 3 > kv_len = 2"):
-        fi.single_prefill_with_kv_cache(q3, k[:2], k[:2])
     with pytest.raises(kvattn.Error, match=r"custom_mask has shape \[3, 4\] but \[qo_len, kv_len\] = \[3, 5\]"):
         fi.single_prefill_with_kv_cache(q3, k, k, custom_mask=np.ones((3, 4), bool))
     with pytest.raises(kvattn.Error, match=r"custom_mask"):
@@ -174,7 +201,7 @@ def test_single_errors(rng):
     with pytest.raises(NotImplementedError, match=r"'use_fp16_qk_reduction'"):
         fi.single_prefill_with_kv_cache(q3, k, k, use_fp16_qk_reduction=True)
     with pytest.raises(NotImplementedError, match=r"'backend'"):
-        fi.single_prefill_with_kv_cache(q3, k, k, backend="fa3")
+        fi.single_prefill_with_kv_cache(q3, k, k, backend="cudnn")
 
 
 # ---- block-sparse ---------------------------------------------------------------------------------------
@@ -284,7 +311,7 @@ def test_block_sparse_wrapper_forward_replans_and_errors(rng):
     with pytest.raises(NotImplementedError, match="'scale_q'"):
         w.run(q, k, v, scale_q=np.ones(hq, np.float32))
     with pytest.raises(NotImplementedError, match="'backend'"):
-        fi.BlockSparseAttentionWrapper(WORKSPACE, backend="fa3")
+        fi.BlockSparseAttentionWrapper(WORKSPACE, backend="trtllm-gen")
     with pytest.raises(NotImplementedError, match="'use_fp16_qk_reduction'"):
         w.plan(indptr, indices, M, N, R, C, hq, hkv, d, use_fp16_qk_reduction=True)
     bad = indices.copy()
@@ -388,6 +415,40 @@ def test_cascade_wrapper(rng, dtype, layout, levels, variant):
     w.reset_workspace_buffer(np.zeros(1 << 16, np.uint8))
     assert np.array_equal(w.run(q, (k_cache, v_cache)).view(np.uint8), out.view(np.uint8))
 
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("stage", ["decode", "append", "append_causal"])
+def test_shared_prefix_wrappers(rng, dtype, layout, stage):
+    """FlashInfer's older two-level cascade: a shared prefix as ragged K/V at forward(), each
+    request's own pages planned at begin_forward(); against flat attention over prefix + own keys
+    (causal within the own keys: with qo_len <= own length every query sees the whole prefix)."""
+    hq, hkv, d, ps, B, shared = 4, 2, 16, 4, 3, 7
+    own = [int(x) for x in rng.integers(3, 10, size=B)]
+    qo = [1] * B if stage == "decode" else [int(rng.integers(1, n + 1)) for n in own]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo)]).astype(np.int32)
+    [(_, indptr, indices, last)], num_pages = cascade_levels(rng, [(qo_indptr, own)], ps)
+    shape = (num_pages, ps, hkv, d) if layout == "NHD" else (num_pages, hkv, ps, d)
+    k_cache, v_cache = cast(rand(rng, shape), dtype), cast(rand(rng, shape), dtype)
+    k_sh, k_sh_nhd = _kv(rng, shared, hkv, d, dtype, layout)
+    v_sh, v_sh_nhd = _kv(rng, shared, hkv, d, dtype, layout)
+    q = cast(rand(rng, (int(qo_indptr[-1]), hq, d)), dtype)
+    if stage == "decode":
+        w = fi.BatchDecodeWithSharedPrefixPagedKVCacheWrapper(WORKSPACE, layout)
+        w.begin_forward(indptr, indices, last, hq, hkv, d, ps, data_type=FI[dtype])
+        out = w.forward(q, k_sh, v_sh, (k_cache, v_cache))
+    else:
+        w = fi.BatchPrefillWithSharedPrefixPagedKVCacheWrapper(WORKSPACE, layout)
+        w.begin_forward(qo_indptr, indptr, indices, last, hq, hkv, d, ps)
+        out = w.forward(q, k_sh, v_sh, (k_cache, v_cache), causal=stage == "append_causal")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ks = ref.gather_paged(f64(k_cache), layout, indptr, indices, last, ps)
+    vs = ref.gather_paged(f64(v_cache), layout, indptr, indices, last, ps)
+    ks = [np.concatenate([f64(k_sh_nhd), x]) for x in ks]
+    vs = [np.concatenate([f64(v_sh_nhd), x]) for x in vs]
+    want_o, _, mag = ref.batch_attention(f64(q), qo_indptr, ks, vs, ref.Var(causal=stage == "append_causal"))
+    check_output(out, want_o, mag, dtype, accumulation=ref.ACCUMULATION + 1e-5 + 2 * ref.OUTPUT_TOLERANCE[dtype][0])
 
 def test_cascade_wrapper_errors(rng):
     with pytest.raises(NotImplementedError, match="'use_cuda_graph'"):

@@ -105,10 +105,11 @@ void plan_level_tables(CascadeLevelState& level, const CascadeLevel& in, int l, 
   rows = qo.back();
   level.masked = false;
   level.max_page_index = -1;
-  // What the level's own wrapper would reject, checked here for every level before any level's
-  // wrapper is re-planned, so that a rejected plan() leaves the previous one in place: negative
-  // page ids, and a last-level group with more rows than keys. Device ids: the kernels check them
-  // where they read them.
+  // Checked here for every level before any level's wrapper is re-planned, so that a rejected
+  // plan() leaves the previous one in place: negative page ids (what the level's own wrapper would
+  // reject), and a last-level group with more rows than keys (BatchPrefill takes it, but here its
+  // first queries would sit inside the shared prefix, which the earlier levels show whole). Device
+  // ids: the kernels check them where they read them.
   if (!table.device_indices)
     level.max_page_index = validate::page_id_range(table.indices.first(size_t(table.indptr.back()))).max;
   for (int64_t g = 0; g < groups && last; ++g)

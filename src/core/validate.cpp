@@ -133,7 +133,7 @@ IdRange page_id_range(std::span<const int32_t> ids) {
 void qo_len_within_kv_len(int64_t b, int64_t qo_begin, int64_t qo_end, int64_t kv_len) {
   KVATTN_CHECK(qo_end - qo_begin <= kv_len, "request ", b, " has qo_len = ", qo_end - qo_begin, " > kv_len = ", kv_len,
                " (qo_indptr[", b, "..", b + 1, "] = ", qo_begin, "..", qo_end,
-               "); a request's queries are its last qo_len positions, so qo_len <= kv_len");
+               "); the cascade's last level needs qo_len <= kv_len (its first queries would sit inside the shared prefix)");
 }
 
 // ---- aliasing ---------------------------------------------------------------------------------

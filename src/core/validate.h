@@ -49,8 +49,8 @@ IdRange id_range(std::span<const int32_t> values);
 // id_range of a page table's host ids, throwing kvattn::Error that names the first negative one
 // ("kv_indices[i] = -1 is negative").
 IdRange page_id_range(std::span<const int32_t> ids);
-// A request's queries are its last qo_len positions: throws kvattn::Error naming request b and
-// qo_indptr[b..b+1] = qo_begin..qo_end unless qo_end - qo_begin <= kv_len.
+// Throws kvattn::Error naming request b and qo_indptr[b..b+1] = qo_begin..qo_end unless
+// qo_end - qo_begin <= kv_len (the cascade's last level needs it; BatchPrefill does not).
 void qo_len_within_kv_len(int64_t b, int64_t qo_begin, int64_t qo_end, int64_t kv_len);
 
 // Request lengths of a page table: page_size * (pages - 1) + last_page_len (0 with no pages).

@@ -139,33 +139,50 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   in.head_dim_vo = pr.head_dim_vo;
   in.tile = TileShape{1, cfg.tile_tokens};
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
-  const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
+  const Plan* planned = &planners_[live_ ^ 1].plan(in, opts);
   trace.mark("planner");
 
-  // Lay out the workspace.
-  const int64_t rows = plan.partial_slot_rows();
-  const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
-  // The plan holds slice 0 only, and only slice 0 is staged (kernels/decode/persistent.cuh
-  // repeats it for the other slices on the device): 1/8 of the items at 32/8 heads on 264 workers.
-  // Graph mode pads it to a fixed length, so that the captured grid fits every re-plan.
-  const int slices = plan.num_slices(), slice_workers = plan.slice_workers();
-  const int64_t slice_cap = plan.item_capacity();
-  WorkspaceLayout L;
-  L.partial_o = 0;
-  L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
-  L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
-  L.worker_begin = L.items + slice_cap * int64_t(sizeof(WorkItem));
-  L.slice_slots = L.worker_begin + (slice_workers + 1) * 4;
-  L.merges = L.slice_slots + 4;
-  L.slot_merge = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
-  L.merge_counters = L.slot_merge + plan.slot_capacity() * 4;
-  L.error = L.merge_counters + merge_cap * head_chunks * 4;
-  L.user_params = align_up(L.error + kPageErrorWords * 4);
-  L.indices = L.user_params + int64_t(pr.custom_params.size_bytes());
-  const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
-  L.end = L.indices + nnz * 4;
+  // Lay out the workspace. The plan holds slice 0 only, and only slice 0 is staged
+  // (kernels/decode/persistent.cuh repeats it for the other slices on the device): 1/8 of the
+  // items at 32/8 heads on 264 workers. Graph mode pads it to a fixed length, so that the
+  // captured grid fits every re-plan.
+  auto lay_out = [&](const Plan& plan) {
+    const int64_t rows = plan.partial_slot_rows();
+    const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
+    const int slice_workers = plan.slice_workers();
+    const int64_t slice_cap = plan.item_capacity();
+    WorkspaceLayout L;
+    L.partial_o = 0;
+    L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
+    L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
+    L.worker_begin = L.items + slice_cap * int64_t(sizeof(WorkItem));
+    L.slice_slots = L.worker_begin + (slice_workers + 1) * 4;
+    L.merges = L.slice_slots + 4;
+    L.slot_merge = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
+    L.merge_counters = L.slot_merge + plan.slot_capacity() * 4;
+    L.error = L.merge_counters + merge_cap * head_chunks * 4;
+    L.user_params = align_up(L.error + kPageErrorWords * 4);
+    L.indices = L.user_params + int64_t(pr.custom_params.size_bytes());
+    const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
+    L.end = L.indices + nnz * 4;
+    return L;
+  };
+  WorkspaceLayout L = lay_out(*planned);
+  if (L.end > workspace_bytes && planned->slot_capacity() > 0 && !opts.disable_split_kv && !opts.cuda_graph) {
+    // A workspace too small for the split plan's partial states (FlashInfer's callers size it
+    // themselves) gets the unsplit plan: slower on skewed batches, the same attention.
+    opts.disable_split_kv = true;
+    planned = &planners_[live_ ^ 1].plan(in, opts);
+    L = lay_out(*planned);
+  }
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
+  const Plan& plan = *planned;
+  const int64_t rows = plan.partial_slot_rows();
+  const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
+  const int slices = plan.num_slices(), slice_workers = plan.slice_workers();
+  const int64_t slice_cap = plan.item_capacity();
+  const int64_t nnz = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
 
   // Stage metadata and page ids in pinned memory, then one copy (cuda/plan_staging.h).
   const int64_t copy_bytes = L.end - L.meta_begin();

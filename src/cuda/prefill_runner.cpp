@@ -123,31 +123,45 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   in.causal = (pr.variant.features & kernels::kCausal) != 0;
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
   trace.mark("kernels");
-  const Plan& plan = planners_[live_ ^ 1].plan(in, opts);
+  const Plan* planned = &planners_[live_ ^ 1].plan(in, opts);
   trace.mark("planner");
 
   // Lay out the workspace.
   const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
-  const int64_t rows = plan.partial_slot_rows();
-  const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
   const bool has_mask = (pr.variant.features & kernels::kCustomMask) != 0;
-  WorkspaceLayout L;
-  L.partial_o = 0;
-  L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
-  L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
-  L.merges = L.items + plan.item_capacity() * int64_t(sizeof(WorkItem));
-  L.qo_indptr = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
-  L.kv_indptr = L.qo_indptr + (batch_cap + 1) * 4;
-  L.last_page_len = L.kv_indptr + (batch_cap + 1) * 4;
-  L.mask_indptr = L.last_page_len + batch_cap * 4;
-  L.error = L.mask_indptr + (batch_cap + 1) * 4;
-  L.user_params = align_up(L.error + kPageErrorWords * 4);
-  L.indices = L.user_params + int64_t(pr.custom_params.size_bytes());
-  const int64_t staged_ids = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
-  L.mask = L.indices + staged_ids * 4;
-  L.end = L.mask + (has_mask ? int64_t(pr.custom_mask.size()) : 0);
+  auto lay_out = [&](const Plan& plan) {
+    const int64_t rows = plan.partial_slot_rows();
+    const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
+    WorkspaceLayout L;
+    L.partial_o = 0;
+    L.partial_lse = align_up(plan.slot_capacity() * rows * pr.head_dim_vo * 4);
+    L.items = align_up(L.partial_lse + plan.slot_capacity() * rows * 4);
+    L.merges = L.items + plan.item_capacity() * int64_t(sizeof(WorkItem));
+    L.qo_indptr = L.merges + merge_cap * int64_t(sizeof(MergeEntry));
+    L.kv_indptr = L.qo_indptr + (batch_cap + 1) * 4;
+    L.last_page_len = L.kv_indptr + (batch_cap + 1) * 4;
+    L.mask_indptr = L.last_page_len + batch_cap * 4;
+    L.error = L.mask_indptr + (batch_cap + 1) * 4;
+    L.user_params = align_up(L.error + kPageErrorWords * 4);
+    L.indices = L.user_params + int64_t(pr.custom_params.size_bytes());
+    const int64_t staged_ids = pr.device_kv_indices ? 0 : int64_t(pr.kv_indices.size());
+    L.mask = L.indices + staged_ids * 4;
+    L.end = L.mask + (has_mask ? int64_t(pr.custom_mask.size()) : 0);
+    return L;
+  };
+  WorkspaceLayout L = lay_out(*planned);
+  if (L.end > workspace_bytes && planned->slot_capacity() > 0 && !opts.disable_split_kv && !opts.cuda_graph) {
+    // A workspace too small for the split plan's partial states (FlashInfer's callers size it
+    // themselves) gets the unsplit plan: slower on skewed batches, the same attention.
+    opts.disable_split_kv = true;
+    planned = &planners_[live_ ^ 1].plan(in, opts);
+    L = lay_out(*planned);
+  }
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
+  const Plan& plan = *planned;
+  const int64_t rows = plan.partial_slot_rows();
+  const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
 
   // Stage everything in pinned memory, then one copy (cuda/plan_staging.h).
   const int64_t copy_bytes = L.end - L.items;

@@ -220,7 +220,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
     }
     if (c.on_gpu) {
 #if KVATTN_WITH_CUDA
-      DeviceBytes workspace(int64_t(64) << 20);
+      DeviceBytes workspace(c.workspace_bytes > 0 ? c.workspace_bytes : int64_t(64) << 20);
       DeviceMirror dq(q), dout(out), dlse(lse);
       std::optional<DeviceMirror> dk, dv, dkv;
       kvattn::PagedKVCache cache;
@@ -271,7 +271,7 @@ void run_case(bool decode, const AttnCase& c, Rng& rng) {
     p.scheduler = c.scheduler;
     if (c.on_gpu) {
 #if KVATTN_WITH_CUDA
-      DeviceBytes workspace(int64_t(256) << 20);
+      DeviceBytes workspace(c.workspace_bytes > 0 ? c.workspace_bytes : int64_t(256) << 20);
       DeviceMirror dq(q), dout(out), dlse(lse);
       std::optional<DeviceMirror> dk, dv, dkv;
       kvattn::PagedKVCache cache;

@@ -43,6 +43,7 @@ struct AttnCase {
   bool on_gpu = false;   // run on cuda:0 (decode): inputs mirrored there, outputs copied back
   bool device_page_table = false;  // on_gpu, paged: kv_indices given as a device tensor
   kvattn::SchedulerOptions scheduler{};
+  int64_t workspace_bytes = 0;  // on_gpu: 0 = 64 MiB (decode), 256 MiB (prefill)
   double mask_density = 0.7;  // custom mask: probability that a bit is set
   // q of query head h multiplied by q_head_scales[h % size] (empty: 1), e.g. powers of two beyond
   // f16's range or below its normals, stored exactly in bf16.

@@ -4,10 +4,12 @@ The wrappers take FlashInfer 0.3's argument names, order and defaults, so that c
 `flashinfer` runs with `import kvattn.flashinfer as flashinfer`, at the top level or under FlashInfer's
 submodule paths (kvattn.flashinfer.decode, .prefill, .sparse, .cascade, .page, .quantization, .rope):
 
-    BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
+    BatchDecodeWithPagedKVCacheWrapper (and CUDAGraphBatchDecodeWithPagedKVCacheWrapper, its older
+    graph-mode spelling), BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper, BlockSparseAttentionWrapper,
-    MultiLevelCascadeAttentionWrapper, single_decode_with_kv_cache, single_prefill_with_kv_cache
-    (and its _return_lse form), merge_state, merge_state_in_place, merge_states,
+    MultiLevelCascadeAttentionWrapper (and the older two-level
+    BatchDecode/BatchPrefillWithSharedPrefixPagedKVCacheWrapper), single_decode_with_kv_cache,
+    single_prefill_with_kv_cache (and its _return_lse form), merge_state, merge_state_in_place, merge_states,
     append_paged_kv_cache, get_seq_lens, get_batch_indices_positions, packbits, segment_packbits,
     apply_rope(_inplace), apply_rope_pos_ids(_inplace), apply_llama31_rope(_inplace),
     apply_llama31_rope_pos_ids(_inplace), apply_rope_with_cos_sin_cache(_inplace)
@@ -23,13 +25,17 @@ result (use_tensor_cores, enable_pdl, non_blocking) are accepted.
 from kvattn.flashinfer import cascade, decode, page, prefill, quantization, rope, sparse
 # The native wrappers' variant of FlashInfer's variant arguments (the tests compare against it).
 from kvattn.flashinfer._common import _variant  # noqa: F401
-from kvattn.flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from kvattn.flashinfer.decode import (
+    BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    single_decode_with_kv_cache,
+)
 from kvattn.flashinfer.prefill import (
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache, single_prefill_with_kv_cache_return_lse,
 )
 from kvattn.flashinfer.sparse import BlockSparseAttentionWrapper
 from kvattn.flashinfer.cascade import (
+    BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
     merge_state, merge_state_in_place, merge_states, MultiLevelCascadeAttentionWrapper,
 )
 from kvattn.flashinfer.page import append_paged_kv_cache, get_seq_lens, get_batch_indices_positions
@@ -43,6 +49,7 @@ from kvattn.flashinfer.rope import (
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "merge_state",
@@ -58,6 +65,8 @@ __all__ = [
     "single_prefill_with_kv_cache_return_lse",
     "BlockSparseAttentionWrapper",
     "MultiLevelCascadeAttentionWrapper",
+    "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
+    "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
     "apply_rope",
     "apply_rope_inplace",
     "apply_rope_pos_ids",

@@ -123,7 +123,19 @@ def _scalar(x) -> float:
 
 def _workspace(buf):
     """The workspace the native wrapper gets: the buffer on a GPU, none for the CPU backend (a host
-    uint8 buffer is used as scratch when large enough)."""
+    uint8 buffer is used as scratch when large enough). FlashInfer takes a workspace of any dtype
+    (its tests pass int8) and uses its bytes: a contiguous buffer of another dtype is seen as bytes."""
+    fw = _framework(buf)
+    if fw == "torch":
+        import torch
+
+        if buf.dtype != torch.uint8 and buf.is_contiguous():
+            return buf.reshape(-1).view(torch.uint8)
+    elif fw == "numpy":
+        import numpy as np
+
+        if buf.dtype != np.uint8 and buf.flags.c_contiguous:
+            return buf.reshape(-1).view(np.uint8)
     return buf
 
 
@@ -202,8 +214,7 @@ class _Planned:
 
 class _WrapperBase:
     def _init_common(self, float_workspace_buffer, kv_layout, backend, jit_args):
-        if backend not in ("auto",):
-            _unsupported("backend", f"{backend!r}; kvattn chooses its kernels itself ('auto')")
+        _check_backend(backend)
         # jit_args: FlashInfer's arguments of a JIT module; kvattn's form of a custom variant is a
         # kvattn.Variant carrying a user variant (kvattn.Variant.custom, docs/VARIANTS.md), composed
         # with the wrapper's own switches (causal, window, soft-cap, ...) at every plan().
@@ -240,6 +251,27 @@ class _WrapperBase:
                              "pass it to plan()")
             self._native.plan(**p.native_kwargs, variant=_variant(**vk))
             self._planned = _Planned(p.native_kwargs, vk, p.out_dtype)
+
+    def _respecify(self, use_fp16_qk_reduction: bool = False, **variant) -> None:
+        """FlashInfer's deprecated forward(): its variant arguments, defaults included, replace
+        plan()'s (as FlashInfer's forward overwrites them); a differing set re-plans."""
+        _require_default("use_fp16_qk_reduction", use_fp16_qk_reduction, False)
+        p = self._planned
+        if p is None:
+            raise RuntimeError(f"{type(self).__name__}.forward() was called before plan()")
+        old = {k: val for k, val in p.variant_kwargs.items() if k != "_custom_mask"}
+        new = dict(old, **variant)
+        if new == old:
+            return
+        if self._use_cuda_graph:
+            _unsupported(", ".join(k for k in variant if new[k] != old.get(k)),
+                         "a forward() argument differing from plan() in CUDA-graph mode; pass it to plan()")
+        v = _variant(**new)
+        custom = p.native_kwargs.get("custom_mask") is not None
+        self._native.plan(**p.native_kwargs, variant=v.with_custom_mask() if custom else v)
+        if "_custom_mask" in p.variant_kwargs:
+            new["_custom_mask"] = p.variant_kwargs["_custom_mask"]
+        self._planned = _Planned(p.native_kwargs, new, p.out_dtype)
 
     def _run(self, q, k, v, out, lse, return_lse):
         if self._planned is None:
@@ -377,9 +409,15 @@ def _require_none(**params) -> None:
             _unsupported(name, "per-head fp8 scale tensors (kvattn takes scalar q/k/v scales)")
 
 
+# FlashInfer's own kernel families compute the same attention: asking for one is a hint (kvattn
+# chooses its kernels itself). trtllm-gen and cuDNN take other arguments (seq_lens, block_tables).
+_SAME_RESULT_BACKENDS = ("auto", "fa2", "fa3")
+
+
 def _check_backend(backend: str) -> None:
-    if backend != "auto":
-        _unsupported("backend", f"{backend!r}; kvattn chooses its kernels itself ('auto')")
+    if backend not in _SAME_RESULT_BACKENDS:
+        _unsupported("backend", f"{backend!r}; kvattn chooses its kernels itself ('auto', or the hints "
+                                "'fa2' and 'fa3')")
 
 
 def _to_nhd(x, kv_layout):

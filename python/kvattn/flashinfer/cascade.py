@@ -5,7 +5,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import kvattn as _kv
 from kvattn.flashinfer._common import (
-    _check_layout, _framework, _kv_dtype_name, _to_host, _unsupported, _variant, _workspace,
+    _check_layout, _dtype_of, _framework, _kv_dtype_name, _to_host, _unsupported, _variant, _workspace,
 )
 
 
@@ -125,3 +125,91 @@ class MultiLevelCascadeAttentionWrapper:
         return self._native.run(q, paged_kv_cache)
 
     forward = run
+
+
+class BatchDecodeWithSharedPrefixPagedKVCacheWrapper:
+    """FlashInfer's older two-level cascade for decode (deprecated there in favour of
+    MultiLevelCascadeAttentionWrapper): one shared prefix as ragged K/V given at forward(), each
+    request's own pages planned by begin_forward(); the two states merge. No position encoding."""
+
+    def __init__(self, float_workspace_buffer, kv_layout: str = "NHD") -> None:
+        from kvattn.flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+
+        self._kv_layout = _check_layout(kv_layout)
+        self._unique = BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        self._unique.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def begin_forward(self, unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len,
+                      num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                      data_type="float16") -> None:
+        # data_type is q's dtype too (FlashInfer's plan() would keep q at float16 beside it).
+        self._unique.plan(unique_kv_indptr, unique_kv_indices, unique_kv_last_page_len,
+                          num_qo_heads, num_kv_heads, head_dim, page_size, q_data_type=data_type,
+                          kv_data_type=data_type)
+
+    def forward(self, q, k_shared, v_shared, unique_kv_cache):
+        """q [batch, Hq, D]; k_shared / v_shared [shared_len, Hkv, D] (NHD) or [Hkv, shared_len, D]
+        (HND); unique_kv_cache as the decode wrapper's paged cache. Returns out [batch, Hq, D]."""
+        from kvattn.flashinfer.prefill import single_prefill_with_kv_cache
+
+        o, s = single_prefill_with_kv_cache(q, k_shared, v_shared, kv_layout=self._kv_layout,
+                                            return_lse=True)
+        o_unique, s_unique = self._unique.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(o, s, o_unique, s_unique)
+        return o
+
+    def end_forward(self) -> None:
+        pass
+
+
+class BatchPrefillWithSharedPrefixPagedKVCacheWrapper:
+    """FlashInfer's older two-level cascade for prefill/append (deprecated there): one shared
+    prefix as ragged K/V (every query sees all of it), then each request's own pages (causal or
+    not, aligned bottom-right within them), merged. No position encoding."""
+
+    def __init__(self, float_workspace_buffer, kv_layout: str = "NHD") -> None:
+        from kvattn.flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        self._kv_layout = _check_layout(kv_layout)
+        self._unique = BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout)
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None) -> None:
+        self._unique.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    def begin_forward(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+                      num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> None:
+        # Planned at forward(), which brings causal and the dtypes (FlashInfer's begin_forward has
+        # neither and plans float16).
+        self._table = (qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+                       num_qo_heads, num_kv_heads, head_dim, page_size)
+        self._planned_for = None
+
+    def forward(self, q, k_shared, v_shared, unique_kv_cache, causal: bool = False,
+                use_fp16_qk_reduction: bool = False, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None):
+        """q [nnz_qo, Hq, D]; k_shared / v_shared as the decode form's; causal applies within each
+        request's own pages. Returns out [nnz_qo, Hq, D]."""
+        from kvattn.flashinfer.prefill import single_prefill_with_kv_cache
+
+        o, s = single_prefill_with_kv_cache(q, k_shared, v_shared, kv_layout=self._kv_layout,
+                                            use_fp16_qk_reduction=use_fp16_qk_reduction,
+                                            sm_scale=sm_scale, rope_scale=rope_scale,
+                                            rope_theta=rope_theta, return_lse=True)
+        if getattr(self, "_table", None) is None:
+            raise RuntimeError("BatchPrefillWithSharedPrefixPagedKVCacheWrapper.forward() was called "
+                               "before begin_forward()")
+        cache = unique_kv_cache[0] if isinstance(unique_kv_cache, (tuple, list)) else unique_kv_cache
+        key = (bool(causal), sm_scale, rope_scale, rope_theta, _dtype_of(q, "q"), _dtype_of(cache, "unique_kv_cache"))
+        if key != self._planned_for:
+            self._unique.plan(*self._table, causal=bool(causal), sm_scale=sm_scale,
+                              rope_scale=rope_scale, rope_theta=rope_theta, q_data_type=key[4],
+                              kv_data_type=key[5])
+            self._planned_for = key
+        o_unique, s_unique = self._unique.run(q, unique_kv_cache, return_lse=True)
+        merge_state_in_place(o, s, o_unique, s_unique)
+        return o
+
+    def end_forward(self) -> None:
+        pass

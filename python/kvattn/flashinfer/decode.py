@@ -1,6 +1,7 @@
 """flashinfer.decode: BatchDecodeWithPagedKVCacheWrapper and single_decode_with_kv_cache over
 kvattn.BatchDecode."""
 
+import functools
 from typing import Optional
 
 import kvattn as _kv
@@ -53,11 +54,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
              disable_split_kv: bool = False) -> None:
         """Plans the batch: indptr [B+1], indices [nnz], last_page_len [B] (int32; host or device:
         indptr and last_page_len are read on the host). data_type (deprecated in FlashInfer) sets
-        both q_data_type and kv_data_type."""
+        q_data_type and kv_data_type where they are None (q_data_type defaults to float16)."""
         _require_default("block_tables", block_tables, why="the trtllm-gen backend's page table")
         _require_default("seq_lens", seq_lens, why="the trtllm-gen backend's lengths")
-        if data_type is not None:
-            q_data_type = kv_data_type = data_type
+        if data_type is not None:  # FlashInfer's rule: it fills whichever of the two is None
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
         q_name = _kv_dtype_name(q_data_type)
         kv_name = _kv_dtype_name(kv_data_type) or q_name
         host_indptr = _to_host(indptr)
@@ -108,17 +110,31 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
 
     def forward(self, q, paged_kv_cache, pos_encoding_mode: str = "NONE", q_scale=None,
                 k_scale=None, v_scale=None, window_left: int = -1, logits_soft_cap=None,
-                sm_scale=None, rope_scale=None, rope_theta=None):
-        """Deprecated in FlashInfer: run() with the plan's variant (the variant arguments must
-        match plan()'s)."""
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+                sm_scale=None, rope_scale=None, rope_theta=None, return_lse: bool = False):
+        """Deprecated in FlashInfer: run() with these variant arguments in place of plan()'s."""
+        self._respecify(pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+                        logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                        rope_theta=rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                        return_lse=return_lse)
 
-    def forward_return_lse(self, q, paged_kv_cache, **kwargs):
-        return self.run(q, paged_kv_cache, return_lse=True,
-                        **{k: kwargs[k] for k in ("q_scale", "k_scale", "v_scale") if k in kwargs})
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
 
     def end_forward(self) -> None:
         pass
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's older spelling of BatchDecodeWithPagedKVCacheWrapper(use_cuda_graph=True):
+    the three page-table buffers are positional."""
+
+    def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer,
+                 kv_layout: str = "NHD", use_tensor_cores: bool = False) -> None:
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True,
+                         use_tensor_cores=use_tensor_cores, paged_kv_indptr_buffer=indptr_buffer,
+                         paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer)
 
 
 def single_decode_with_kv_cache(q, k, v, kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",

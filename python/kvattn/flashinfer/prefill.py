@@ -189,11 +189,20 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         self._replan_for(k_scale=k_scale, v_scale=v_scale, window_left=window_left)
         return self._run(q, paged_kv_cache, None, out, lse, return_lse)
 
-    def forward(self, q, paged_kv_cache, causal: bool = False, **kwargs):
-        return self.run(q, paged_kv_cache)
+    def forward(self, q, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
+                use_fp16_qk_reduction: bool = False, k_scale: Optional[float] = None,
+                v_scale: Optional[float] = None, window_left: int = -1,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+                return_lse: bool = False):
+        """Deprecated in FlashInfer: run() with these variant arguments in place of plan()'s."""
+        self._respecify(use_fp16_qk_reduction, causal=causal, pos_encoding_mode=pos_encoding_mode,
+                        window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                        rope_scale=rope_scale, rope_theta=rope_theta)
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
 
-    def forward_return_lse(self, q, paged_kv_cache, causal: bool = False, **kwargs):
-        return self.run(q, paged_kv_cache, return_lse=True)
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
 
     def end_forward(self) -> None:
         pass
@@ -279,11 +288,19 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
             raise RuntimeError("BatchPrefillWithRaggedKVCacheWrapper.run() was called before plan()")
         return self._run(q, k, v, out, lse, return_lse)
 
-    def forward(self, q, k, v, causal: bool = False, **kwargs):
-        return self.run(q, k, v)
+    def forward(self, q, k, v, causal: bool = False, pos_encoding_mode: str = "NONE",
+                use_fp16_qk_reduction: bool = False, window_left: int = -1,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+                return_lse: bool = False):
+        """Deprecated in FlashInfer: run() with these variant arguments in place of plan()'s."""
+        self._respecify(use_fp16_qk_reduction, causal=causal, pos_encoding_mode=pos_encoding_mode,
+                        window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                        rope_scale=rope_scale, rope_theta=rope_theta)
+        return self.run(q, k, v, return_lse=return_lse)
 
-    def forward_return_lse(self, q, k, v, causal: bool = False, **kwargs):
-        return self.run(q, k, v, return_lse=True)
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+    forward_return_lse = functools.partialmethod(forward, return_lse=True)
 
     def end_forward(self) -> None:
         pass
