@@ -125,8 +125,9 @@ class BatchDecode {
 };
 
 // Prefill and append: q [nnz_q, Hq, Dqk] ragged by qo_indptr, KV either ragged (k [nnz_kv, Hkv,
-// Dqk], v [nnz_kv, Hkv, Dvo] by kv_indptr) or paged. qo_len <= kv_len per request; the causal
-// mask is aligned bottom-right (query i sits at position kv_len - qo_len + i).
+// Dqk], v [nnz_kv, Hkv, Dvo] by kv_indptr) or paged. The causal mask is aligned
+// bottom-right (query i sits at position kv_len - qo_len + i; with qo_len > kv_len, as FlashInfer
+// takes it, the first rows then see no key under causal: o = 0, lse = -inf).
 struct BatchPrefillPlan : AttentionShape {
   TensorView qo_indptr;                 // [B+1] int32, host
   TensorView kv_indptr;                 // ragged KV: [B+1] int32, host

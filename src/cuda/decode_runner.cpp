@@ -178,7 +178,6 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
                " bytes, the workspace has ", workspace_bytes);
   const Plan& plan = *planned;
-  const int64_t rows = plan.partial_slot_rows();
   const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
   const int slices = plan.num_slices(), slice_workers = plan.slice_workers();
   const int64_t slice_cap = plan.item_capacity();
