@@ -39,7 +39,7 @@ FLASHINFER_MODULES = {
                "single_decode_with_kv_cache"],
     "prefill": ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
                 "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"],
-    "sparse": ["BlockSparseAttentionWrapper"],
+    "sparse": ["BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper"],
     "cascade": ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper",
                 "BatchDecodeWithSharedPrefixPagedKVCacheWrapper", "BatchPrefillWithSharedPrefixPagedKVCacheWrapper"],
     "page": ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"],

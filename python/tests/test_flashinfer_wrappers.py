@@ -297,6 +297,84 @@ def test_block_sparse_wrapper_flashinfer_semantics(rng, case):
     check_lse(lse, want_lse)
 
 
+
+def _partition(rng, total, parts):
+    """parts block sizes >= 0 summing to total (some empty when parts > 1)."""
+    cuts = np.sort(rng.integers(0, total + 1, size=parts - 1))
+    return np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int32)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["plain", "causal", "rope_cap"])
+def test_variable_block_sparse_wrapper(rng, dtype, case):
+    """Block sizes and masks of their own per KV head; each (KV head, row block) against attention
+    over the tokens of its selected column blocks, positions within them (FlashInfer's rule)."""
+    hq, hkv, d, qo_len, kv_len, nr, nc = 6, 3, 16, 23, 31, 4, 5
+    g = hq // hkv
+    rows = np.stack([_partition(rng, qo_len, nr) for _ in range(hkv)])
+    cols = np.stack([_partition(rng, kv_len, nc) for _ in range(hkv)])
+    mask = rng.random((hkv, nr, nc)) < 0.5
+    mask[0, 0] = False  # a row block that sees nothing: o = 0, lse = -inf
+    q = cast(rand(rng, (hq, qo_len, d)), dtype)
+    k = cast(rand(rng, (hkv, kv_len, d)), dtype)
+    v = cast(rand(rng, (hkv, kv_len, d)), dtype)
+    kw, var = {}, ref.Var()
+    if case == "causal":
+        kw, var = dict(causal=True), ref.Var(causal=True)
+    elif case == "rope_cap":
+        kw = dict(pos_encoding_mode="ROPE_LLAMA", logits_soft_cap=4.0, rope_theta=500.0)
+        var = ref.Var(soft_cap=4.0, rope=dict(theta=500.0, scale=1.0))
+    w = fi.VariableBlockSparseAttentionWrapper(np.zeros(1 << 20, np.float32))
+    w.plan(mask, rows, cols, hq, hkv, d, q_data_type=FI[dtype], **kw)
+    out, lse = w.run(q, k, v, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (hq, qo_len)
+    want_o = np.zeros((hq, qo_len, d))
+    want_lse = np.full((hq, qo_len), -np.inf)
+    mag = np.zeros((hq, qo_len, d))
+    for h in range(hkv):
+        r0 = np.concatenate([[0], np.cumsum(rows[h])])
+        c0 = np.concatenate([[0], np.cumsum(cols[h])])
+        for r in range(nr):
+            keys = np.concatenate([np.arange(c0[c], c0[c + 1]) for c in range(nc) if mask[h, r, c]] or
+                                  [np.zeros(0, np.int64)]).astype(np.int64)
+            qs = f64(q[h * g:(h + 1) * g, r0[r]:r0[r + 1]]).transpose(1, 0, 2)  # [rows, g, d]
+            o_r, s_r, m_r = ref.batch_attention(qs, [0, len(qs)], [f64(k[h][keys])[:, None]],
+                                                [f64(v[h][keys])[:, None]], var)
+            want_o[h * g:(h + 1) * g, r0[r]:r0[r + 1]] = o_r.transpose(1, 0, 2)
+            want_lse[h * g:(h + 1) * g, r0[r]:r0[r + 1]] = s_r.T
+            mag[h * g:(h + 1) * g, r0[r]:r0[r + 1]] = m_r.transpose(1, 0, 2)
+    check_output(out, want_o, mag, dtype)
+    check_lse(lse, want_lse)
+    assert np.all(np.isneginf(lse[:g, :rows[0, 0]])) and not np.any(f64(out[:g, :rows[0, 0]]))
+    # out= and lse= receive the same result.
+    o_buf, s_buf = np.empty_like(out), np.empty_like(lse)
+    w.run(q, k, v, out=o_buf, lse=s_buf)
+    assert np.array_equal(o_buf.view(np.uint8), out.view(np.uint8)) and np.array_equal(s_buf, lse)
+
+
+def test_variable_block_sparse_wrapper_errors(rng):
+    w = fi.VariableBlockSparseAttentionWrapper(WORKSPACE)
+    mask = np.ones((2, 2, 3), bool)
+    rows = np.array([[3, 4], [5, 2]], np.int32)
+    cols = np.array([[1, 2, 3], [2, 2, 2]], np.int32)
+    with pytest.raises(kvattn.Error, match=r"num_qo_heads = 3 is not a multiple of num_kv_heads = 2"):
+        w.plan(mask, rows, cols, 3, 2, 16)
+    with pytest.raises(kvattn.Error, match=r"block_mask_map has shape \[2, 2, 3\] but must be \[num_kv_heads = 4"):
+        w.plan(mask, rows, cols, 4, 4, 16)
+    with pytest.raises(kvattn.Error, match=r"block_row_sz has shape \[2, 3\]"):
+        w.plan(mask, cols, cols, 4, 2, 16)
+    with pytest.raises(kvattn.Error, match=r"block_col_sz sums to 6 for KV head 1 but 7 for KV head 0"):
+        w.plan(mask, rows, np.array([[1, 2, 4], [2, 2, 2]], np.int32), 4, 2, 16)
+    with pytest.raises(kvattn.Error, match=r"block_row_sz\[0, 1\] = -1 is negative"):
+        w.plan(mask, np.array([[8, -1], [5, 2]], np.int32), cols, 4, 2, 16)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(np.zeros((4, 7, 16), np.float32), np.zeros((2, 6, 16), np.float32), np.zeros((2, 6, 16), np.float32))
+    with pytest.raises(NotImplementedError, match="'use_fp16_qk_reduction'"):
+        w.plan(mask, rows, cols, 4, 2, 16, use_fp16_qk_reduction=True)
+    w.plan(mask, rows, cols, 4, 2, 16, q_data_type="float32")
+    with pytest.raises(kvattn.Error, match=r"k has shape \[2, 5, 16\] but the plan needs \[2, 6, 16\]"):
+        w.run(np.zeros((4, 7, 16), np.float32), np.zeros((2, 5, 16), np.float32), np.zeros((2, 6, 16), np.float32))
+
 def test_block_sparse_wrapper_forward_replans_and_errors(rng):
     M, N, R, C, hq, hkv, d = 8, 8, 2, 2, 2, 2, 16
     present, indptr, indices = bsr_problem(rng, M, N, R, C)

@@ -6,7 +6,8 @@ submodule paths (kvattn.flashinfer.decode, .prefill, .sparse, .cascade, .page, .
 
     BatchDecodeWithPagedKVCacheWrapper (and CUDAGraphBatchDecodeWithPagedKVCacheWrapper, its older
     graph-mode spelling), BatchPrefillWithPagedKVCacheWrapper,
-    BatchPrefillWithRaggedKVCacheWrapper, BlockSparseAttentionWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper, BlockSparseAttentionWrapper (and
+    VariableBlockSparseAttentionWrapper: block sizes per KV head),
     MultiLevelCascadeAttentionWrapper (and the older two-level
     BatchDecode/BatchPrefillWithSharedPrefixPagedKVCacheWrapper), single_decode_with_kv_cache,
     single_prefill_with_kv_cache (and its _return_lse form), merge_state, merge_state_in_place, merge_states,
@@ -33,7 +34,7 @@ from kvattn.flashinfer.prefill import (
     BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache, single_prefill_with_kv_cache_return_lse,
 )
-from kvattn.flashinfer.sparse import BlockSparseAttentionWrapper
+from kvattn.flashinfer.sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper
 from kvattn.flashinfer.cascade import (
     BatchDecodeWithSharedPrefixPagedKVCacheWrapper, BatchPrefillWithSharedPrefixPagedKVCacheWrapper,
     merge_state, merge_state_in_place, merge_states, MultiLevelCascadeAttentionWrapper,
@@ -64,6 +65,7 @@ __all__ = [
     "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse",
     "BlockSparseAttentionWrapper",
+    "VariableBlockSparseAttentionWrapper",
     "MultiLevelCascadeAttentionWrapper",
     "BatchDecodeWithSharedPrefixPagedKVCacheWrapper",
     "BatchPrefillWithSharedPrefixPagedKVCacheWrapper",
