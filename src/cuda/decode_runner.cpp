@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/runtime.h"
+#include "cuda/workspace_fit.h"
 #include "core/overrides.h"
 #include "kvattn/error.h"
 
@@ -139,13 +140,11 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
   in.head_dim_vo = pr.head_dim_vo;
   in.tile = TileShape{1, cfg.tile_tokens};
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
-  const Plan* planned = &planners_[live_ ^ 1].plan(in, opts);
-  trace.mark("planner");
 
-  // Lay out the workspace. The plan holds slice 0 only, and only slice 0 is staged
-  // (kernels/decode/persistent.cuh repeats it for the other slices on the device): 1/8 of the
-  // items at 32/8 heads on 264 workers. Graph mode pads it to a fixed length, so that the
-  // captured grid fits every re-plan.
+  // Lay out the workspace (cuda/workspace_fit.h: the unsplit plan when the split one does not
+  // fit). The plan holds slice 0 only, and only slice 0 is staged (kernels/decode/persistent.cuh
+  // repeats it for the other slices on the device): 1/8 of the items at 32/8 heads on 264
+  // workers. Graph mode pads it to a fixed length, so that the captured grid fits every re-plan.
   auto lay_out = [&](const Plan& plan) {
     const int64_t rows = plan.partial_slot_rows();
     const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
@@ -167,16 +166,8 @@ void DecodeRunner::plan(const DecodeProblem& pr, void* workspace, int64_t worksp
     L.end = L.indices + nnz * 4;
     return L;
   };
-  WorkspaceLayout L = lay_out(*planned);
-  if (L.end > workspace_bytes && planned->slot_capacity() > 0 && !opts.disable_split_kv && !opts.cuda_graph) {
-    // A workspace too small for the split plan's partial states (FlashInfer's callers size it
-    // themselves) gets the unsplit plan: slower on skewed batches, the same attention.
-    opts.disable_split_kv = true;
-    planned = &planners_[live_ ^ 1].plan(in, opts);
-    L = lay_out(*planned);
-  }
-  KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
-               " bytes, the workspace has ", workspace_bytes);
+  const auto [planned, L] = plan_within_workspace(planners_[live_ ^ 1], in, opts, workspace_bytes, lay_out);
+  trace.mark("planner");
   const Plan& plan = *planned;
   const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
   const int slices = plan.num_slices(), slice_workers = plan.slice_workers();

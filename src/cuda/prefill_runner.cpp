@@ -5,6 +5,7 @@
 
 #include "cuda/decode_kernels.h"
 #include "cuda/runtime.h"
+#include "cuda/workspace_fit.h"
 #include "kvattn/error.h"
 
 namespace kvattn::cuda {
@@ -123,10 +124,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
   in.causal = (pr.variant.features & kernels::kCausal) != 0;
   in.window_left = (pr.variant.features & kernels::kSlidingWindow) ? pr.variant.window_left : -1;
   trace.mark("kernels");
-  const Plan* planned = &planners_[live_ ^ 1].plan(in, opts);
-  trace.mark("planner");
 
-  // Lay out the workspace.
+  // Lay out the workspace (cuda/workspace_fit.h: the unsplit plan when the split one does not fit).
   const int64_t batch_cap = opts.cuda_graph ? std::max<int64_t>(opts.cuda_graph->max_batch, batch) : batch;
   const bool has_mask = (pr.variant.features & kernels::kCustomMask) != 0;
   auto lay_out = [&](const Plan& plan) {
@@ -149,16 +148,8 @@ void PrefillRunner::plan(const PrefillProblem& pr, void* workspace, int64_t work
     L.end = L.mask + (has_mask ? int64_t(pr.custom_mask.size()) : 0);
     return L;
   };
-  WorkspaceLayout L = lay_out(*planned);
-  if (L.end > workspace_bytes && planned->slot_capacity() > 0 && !opts.disable_split_kv && !opts.cuda_graph) {
-    // A workspace too small for the split plan's partial states (FlashInfer's callers size it
-    // themselves) gets the unsplit plan: slower on skewed batches, the same attention.
-    opts.disable_split_kv = true;
-    planned = &planners_[live_ ^ 1].plan(in, opts);
-    L = lay_out(*planned);
-  }
-  KVATTN_CHECK(L.end <= workspace_bytes, "the workspace is too small: this plan needs ", L.end,
-               " bytes, the workspace has ", workspace_bytes);
+  const auto [planned, L] = plan_within_workspace(planners_[live_ ^ 1], in, opts, workspace_bytes, lay_out);
+  trace.mark("planner");
   const Plan& plan = *planned;
   const int64_t rows = plan.partial_slot_rows();
   const int64_t merge_cap = std::max<int64_t>(1, plan.merge_capacity());
