@@ -520,6 +520,39 @@ TEST(GpuDecode, UnsupportedShapesAreErrors) {
 
 // A plan() that fails (here: a batch whose page table does not fit the workspace) changes
 // nothing: schedule() still shows the plan that run() uses.
+// A workspace too small for the split plan's partial states gets the unsplit plan
+// (cuda/workspace_fit.h), and the same attention.
+TEST(GpuDecode, SmallWorkspaceGetsTheUnsplitPlan) {
+  SKIP_WITHOUT_GPU();
+#if KVATTN_WITH_CUDA
+  std::vector<int32_t> ids(4096);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  HostTensor indptr = int32_tensor({0, 4096}), indices = int32_tensor(ids), last = int32_tensor({16});
+  kvattn::BatchDecodePlan p;
+  p.num_qo_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim_qk = 128;
+  p.q_dtype = DType::bf16;
+  p.page_size = 16;
+  p.page_table = {indptr.view(), indices.view(), last.view()};
+  DeviceBytes big(int64_t(64) << 20), small(int64_t(64) << 10);
+  kvattn::BatchDecode split(big.view()), unsplit(small.view());
+  split.plan(p);
+  ASSERT_GT(split.schedule()->num_merges(), 0) << "the case no longer splits: pick a longer one";
+  unsplit.plan(p);
+  EXPECT_EQ(unsplit.schedule()->num_merges(), 0);
+  KVATTN_CASE_RNG(rng);
+  AttnCase c = gpu_case(DType::bf16, DType::bf16);
+  c.lens = {{1, 65536}};
+  c.num_qo_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim_qk = 128;
+  c.page_size = 16;
+  c.workspace_bytes = int64_t(64) << 10;
+  run_gpu_decode_case(c, rng);
+#endif
+}
+
 TEST(GpuDecode, FailedPlanLeavesTheLastGoodSchedule) {
   SKIP_WITHOUT_GPU();
 #if KVATTN_WITH_CUDA
